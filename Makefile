@@ -1,0 +1,65 @@
+# CEM Lab: `make demo` runs the whole path on the embedded corpus; `make test` runs the tests.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PYTHON  ?= python3
+TORCH   ?= torch==2.13.0
+export CEMLAB_HOME ?= $(CURDIR)/.cemlab
+STAMP   := $(VENV)/.installed
+BIN     := $(CURDIR)/$(VENV)/bin
+SERVICES := $(CEMLAB_HOME)/services.env
+DASHBOARD_PORT ?= 8501
+# pip warns once per package about this machine's empty local index mirrors: not our news.
+QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
+
+.PHONY: help setup up demo test dashboard down lint clean
+
+help:
+	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
+	@echo "make demo       start local Ray + MLflow, submit experiments/demo.yaml with ray job submit"
+	@echo "make test       run the test suite"
+	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
+	@echo "make down       stop the local services started by make up/demo/dashboard"
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "error: Python >= 3.11 is required ($(PYTHON) is older)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "CUDA GPU found: torch comes with its CUDA build"; \
+	else \
+	  echo "no CUDA GPU: installing the CPU build $(TORCH) first"; \
+	  $(BIN)/pip install --quiet "$(TORCH)" 2>&1 | $(QUIET_PIP); \
+	fi
+	$(BIN)/pip install --quiet -e ".[dev]" 2>&1 | $(QUIET_PIP)
+	@touch $(STAMP)
+
+up: setup
+	@infra/local/up.sh
+
+demo: up
+	@source $(SERVICES) && \
+	  ray job submit --working-dir . -- python -m orchestrator run experiments/demo.yaml
+	@echo "Look at the runs: MLflow UI at $$(source $(SERVICES) && echo $$MLFLOW_TRACKING_URI)," \
+	  "charts with 'make dashboard'; 'make down' stops the services."
+
+test: setup
+	$(BIN)/python -m pytest
+
+dashboard: up
+	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \
+	  streamlit run dashboards/app.py --server.address 127.0.0.1 \
+	    --server.port $(DASHBOARD_PORT) --server.headless true --browser.gatherUsageStats false
+
+down:
+	@infra/local/down.sh
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean: down
+	rm -rf $(VENV) $(CEMLAB_HOME)

@@ -1,0 +1,1 @@
+"""Streamlit dashboard of CEM Lab experiments. Reads MLflow only; never writes."""

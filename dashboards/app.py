@@ -1,0 +1,44 @@
+"""CEM Lab dashboard: ``make dashboard`` serves it on 127.0.0.1.
+
+Shows an experiment's runs and the paper's comparison of test perplexity against parameters,
+plus training and validation curves, read live from MLflow.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+from mlflow import MlflowClient
+
+from dashboards.mlflow_reads import experiment_names, metric_history, runs_frame, tracking_uri
+from dashboards.plots import metric_curves, perplexity_vs_parameters
+
+st.set_page_config(page_title="CEM Lab", layout="wide")
+st.title("CEM Lab: energy-minimization layers vs Llama")
+
+client = MlflowClient(tracking_uri())
+names = experiment_names(client)
+if not names:
+    st.info("No runs yet: `make demo` trains the four Llama/CEM combinations.")
+    st.stop()
+
+experiment = st.sidebar.selectbox("Experiment", names)
+if st.sidebar.button("Refresh"):
+    st.rerun()
+runs = runs_frame(client, experiment)
+
+st.subheader(f"Runs of `{experiment}`")
+st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)
+
+if runs["test_perplexity"].notna().any():
+    st.plotly_chart(perplexity_vs_parameters(runs))
+    unigram = runs["unigram_test_perplexity"].dropna()
+    if not unigram.empty:
+        st.caption(f"Unigram test perplexity of the corpus: {unigram.iloc[0]:.1f}")
+else:
+    st.info("No run has a test perplexity yet: the chart appears when the first trial ends.")
+
+labels = dict(zip(runs["run_id"], runs["run_name"]))
+for metric in ("loss", "val_perplexity"):
+    history = metric_history(client, list(labels), metric)
+    if not history.empty:
+        st.plotly_chart(metric_curves(history, labels, metric))

@@ -1,0 +1,50 @@
+"""Every MLflow read of the dashboard, in one place (read-only)."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+from mlflow import MlflowClient
+
+RUN_COLUMNS = ["run_id", "run_name", "status", "variant", "size", "attention", "mlp",
+               "params_total", "params_embedding", "params_attention", "params_mlp",
+               "tokens_seen", "val_perplexity", "test_perplexity", "unigram_test_perplexity",
+               "train_wall_s"]
+
+
+def tracking_uri() -> str:
+    """``$MLFLOW_TRACKING_URI``; ``make dashboard`` sets it to the local server."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise RuntimeError("MLFLOW_TRACKING_URI is not set (run `make dashboard`, or export it)")
+    return uri
+
+
+def experiment_names(client: MlflowClient) -> list[str]:
+    """Experiments with at least one run, most recently created first."""
+    exps = client.search_experiments(order_by=["creation_time DESC"])
+    return [e.name for e in exps
+            if client.search_runs([e.experiment_id], max_results=1)]
+
+
+def runs_frame(client: MlflowClient, experiment_name: str) -> pd.DataFrame:
+    """One row per run of the experiment, with ``RUN_COLUMNS`` (missing values are NaN)."""
+    exp = client.get_experiment_by_name(experiment_name)
+    if exp is None:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    rows = []
+    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]):
+        tags, metrics = run.data.tags, run.data.metrics
+        rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
+                     "status": run.info.status,
+                     **{k: tags.get(k) for k in ("variant", "size", "attention", "mlp")},
+                     **{k: metrics.get(k) for k in RUN_COLUMNS[7:]}})
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def metric_history(client: MlflowClient, run_ids: list[str], key: str) -> pd.DataFrame:
+    """Columns ``run_id, step, value`` of metric ``key`` over the given runs."""
+    rows = [{"run_id": rid, "step": m.step, "value": m.value}
+            for rid in run_ids for m in client.get_metric_history(rid, key)]
+    return pd.DataFrame(rows, columns=["run_id", "step", "value"])

@@ -1,0 +1,36 @@
+"""Plot builders: plain functions from data frames to plotly figures."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+
+def family(attention: str | None, mlp: str | None) -> str:
+    """``Llama``, ``CEM attention``, ``CEM MLP`` or ``CEM (both)`` from the sublayer kinds."""
+    kinds = (attention == "cem", mlp == "cem")
+    return {(False, False): "Llama", (True, False): "CEM attention",
+            (False, True): "CEM MLP", (True, True): "CEM (both)"}[kinds]
+
+
+def perplexity_vs_parameters(runs: pd.DataFrame) -> go.Figure:
+    """Test perplexity (y, log) against total parameters (x), coloured Llama vs CEM (paper
+    Fig. 2a/b). ``runs`` needs columns ``params_total, test_perplexity, attention, mlp,
+    run_name``; runs without a test perplexity are left out."""
+    done = runs.dropna(subset=["test_perplexity", "params_total"]).copy()
+    done["family"] = [family(a, m) for a, m in zip(done["attention"], done["mlp"])]
+    fig = px.scatter(done, x="params_total", y="test_perplexity", color="family",
+                     symbol="size", hover_name="run_name", log_y=True,
+                     labels={"params_total": "parameters (total)",
+                             "test_perplexity": "test perplexity"},
+                     title="Test perplexity vs parameters")
+    fig.update_traces(marker={"size": 12})
+    return fig
+
+
+def metric_curves(history: pd.DataFrame, names: dict[str, str], metric: str) -> go.Figure:
+    """One line per run of ``metric`` over optimizer steps; ``names`` maps run_id -> label."""
+    frame = history.assign(run=history["run_id"].map(names))
+    return px.line(frame, x="step", y="value", color="run", labels={"value": metric},
+                   title=f"{metric} over training")

@@ -1,0 +1,1 @@
+"""Spec -> plan -> Ray Train launch -> MLflow tracking; the ``python -m orchestrator`` CLI."""

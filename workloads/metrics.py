@@ -1,0 +1,37 @@
+"""Buffered metric logging from a training worker straight to an MLflow run."""
+
+from __future__ import annotations
+
+import time
+
+
+class MetricSink:
+    """Buffers ``(key, value, step)`` metrics and sends them to MLflow run ``run_id`` in batches.
+
+    A sink with no ``run_id`` (or on a non-zero rank) only discards: every rank can call it.
+    Metrics go through the tracking server at ``tracking_uri``; nothing opens a store directly.
+    """
+
+    _MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
+
+    def __init__(self, tracking_uri: str | None, run_id: str | None, enabled: bool = True) -> None:
+        self.run_id = run_id if enabled else None
+        self._buffer: list = []
+        self._client = None
+        if self.run_id:
+            from mlflow import MlflowClient  # lazily: the models must import with torch alone
+
+            self._client = MlflowClient(tracking_uri)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self._client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+
+    def flush(self) -> None:
+        while self._buffer and self._client is not None:
+            batch, self._buffer = self._buffer[:self._MAX_BATCH], self._buffer[self._MAX_BATCH:]
+            self._client.log_batch(self.run_id, metrics=batch)

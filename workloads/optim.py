@@ -1,0 +1,87 @@
+"""Optimizer, learning-rate schedule and DeepSpeed config (paper Table 2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and schedule hyperparameters; defaults are the paper's Table 2."""
+
+    lr: float = 0.002
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-9
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    warmup_fraction: float = 0.05
+    final_lr_fraction: float = 0.1
+
+
+def lr_factor(step: int, total_steps: int, warmup_fraction: float,
+              final_lr_fraction: float) -> float:
+    """Multiplier of the peak LR after ``step`` optimizer steps (0-based).
+
+    Linear warmup over ``ceil(warmup_fraction * total_steps)`` steps, then a cosine decay from 1
+    to ``final_lr_fraction`` at the last step.
+    """
+    warmup = math.ceil(warmup_fraction * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    decay_steps = max(total_steps - 1 - warmup, 1)
+    progress = min((step - warmup) / decay_steps, 1.0)
+    return final_lr_fraction + (1 - final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (norm gains and scalar biases are not decayed)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int,
+                    ) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_fraction, cfg.final_lr_fraction))
+
+
+def bf16_supported() -> bool:
+    """Whether this machine's accelerator (CUDA) or CPU (AVX512-BF16/AMX) computes in bf16."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(precision: Literal["auto", "bf16", "fp32"]) -> str:
+    """``auto`` -> ``bf16`` where supported, else ``fp32``."""
+    if precision == "auto":
+        return "bf16" if bf16_supported() else "fp32"
+    return precision
+
+
+def deepspeed_config(micro_batch_size: int, grad_accum: int, world_size: int, zero_stage: int,
+                     precision: str, grad_clip: float) -> dict[str, Any]:
+    """The DeepSpeed engine config: batch geometry, ZeRO stage, bf16 or fp32, clipping."""
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_allow_untested_optimizer": True,  # the client optimizer is torch's AdamW
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
