@@ -210,11 +210,11 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
 
     final = validate(total_steps)
     nll, n = evaluate(engine, corpus.dataset("test", cfg.context_length), job.micro_batch_size)
-    final.update(test_loss=nll / n, test_perplexity=math.exp(nll / n), test_tokens=n,
-                 train_wall_s=time.perf_counter() - start)
-    sink.log(final, total_steps)
+    test = {"test_loss": nll / n, "test_perplexity": math.exp(nll / n), "test_tokens": n,
+            "train_wall_s": time.perf_counter() - start}
+    sink.log(test, total_steps)
     sink.flush()
     if rank == 0:
         log.info("[train] done: val perplexity %.2f, test perplexity %.2f in %.0fs",
-                 final["val_perplexity"], final["test_perplexity"], final["train_wall_s"])
-    ray.train.report({"step": total_steps, **final})
+                 final["val_perplexity"], test["test_perplexity"], test["train_wall_s"])
+    ray.train.report({"step": total_steps, **final, **test})

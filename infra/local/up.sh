@@ -63,6 +63,9 @@ fi
 RAY_PORT=$(free_port "${CEMLAB_RAY_PORT:-6380}")
 DASH_PORT=$(free_port "${CEMLAB_RAY_DASHBOARD_PORT:-8265}")
 MLFLOW_PORT=$(free_port "${CEMLAB_MLFLOW_PORT:-5000}")
+# Fixed defaults of Ray that a second cluster on the machine (e.g. the tests') would collide on.
+AGENT_PORT=$(free_port 52365)
+CLIENT_PORT=$(free_port 10001)
 MLFLOW_URI="http://127.0.0.1:$MLFLOW_PORT"
 
 cat > "$STATE/services.env.tmp" <<ENV
@@ -92,10 +95,13 @@ echo "starting Ray head on 127.0.0.1:$RAY_PORT (dashboard http://127.0.0.1:$DASH
 setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
   --node-ip-address=127.0.0.1 --port="$RAY_PORT" \
   --dashboard-host=127.0.0.1 --dashboard-port="$DASH_PORT" \
+  --dashboard-agent-listen-port="$AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
   --num-cpus="${CEMLAB_RAY_CPUS:-$(nproc)}" --object-store-memory=$((1024 * 1024 * 1024)) \
   > "$LOGS/ray.log" 2>&1 < /dev/null &
 echo $! > "$RUN/ray.pid"
 
 wait_http "$MLFLOW_URI/health" 120 "MLflow"
 wait_http "http://127.0.0.1:$DASH_PORT/api/version" 120 "the Ray dashboard"
+# Jobs are handed to the node's dashboard agent: submitting before it listens fails.
+wait_http "http://127.0.0.1:$AGENT_PORT/" 120 "the Ray dashboard agent"
 echo "services up: source $STATE/services.env"

@@ -1,0 +1,87 @@
+"""Specs: strict validation with one-line errors, and plans that run nothing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.plan import plan_trials, trial_id
+from orchestrator.spec import SpecError, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "experiments" / "demo.yaml"
+
+
+def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CEMLAB_HOME": str(home)}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def demo_with(tmp_path: Path, patch) -> Path:
+    data = yaml.safe_load(DEMO.read_text())
+    patch(data)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    (lambda d: d["training"].update(learning_rate=0.1), "training.learning_rate: unknown key"),
+    (lambda d: d["variants"]["cem"].update(atention="cem"), "variants.cem.atention: unknown key"),
+    (lambda d: d["training"].update(tokens="lots"), "training.tokens: Input should be a valid"),
+    (lambda d: d["variants"]["cem"].update(mlp="moe"), "variants.cem.mlp: Input should be"),
+    (lambda d: d.update(data={"source": "text_files", "paths": "/nonexistent/*.txt"}),
+     "data.paths: no corpus file matches '/nonexistent/*.txt'"),
+    (lambda d: d["training"].update(batch_size=12), "training.batch_size: 12 is not a multiple"),
+])
+def test_malformed_spec_fails_fast_with_one_line_naming_the_field(tmp_path, patch, field):
+    home = tmp_path / "home"
+    proc = cli("run", str(demo_with(tmp_path, patch)), home=home)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], proc.stderr
+    # Nothing started: no Ray instance, no MLflow store, no data cache.
+    assert not home.exists()
+    assert "Ray" not in proc.stdout + proc.stderr
+
+
+def test_invalid_yaml_and_missing_file_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsizes: [micro\n")
+    with pytest.raises(SpecError, match=r"invalid YAML \(line \d+\)"):
+        load_spec(bad)
+    with pytest.raises(SpecError, match="cannot read spec"):
+        load_spec(tmp_path / "missing.yaml")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        parse_spec([1, 2])
+
+
+def test_plan_prints_every_trial_and_runs_nothing(tmp_path):
+    home = tmp_path / "home"
+    proc = cli("plan", str(DEMO), home=home)
+    assert proc.returncode == 0, proc.stderr
+    spec = load_spec(DEMO)
+    trials = plan_trials(spec)
+    assert len(trials) == 4
+    for t in trials:
+        assert t.trial_id in proc.stdout and t.variant in proc.stdout
+        assert f"{t.params['total']:,}" in proc.stdout
+        assert t.steps * spec.training.batch_size * t.model.context_length == t.tokens
+        assert t.tokens >= spec.training.tokens
+    assert not home.exists()
+
+
+def test_trial_id_is_the_science_not_the_resources():
+    spec = load_spec(DEMO)
+    fewer_workers = parse_spec({**spec.model_dump(), "resources": {"num_workers": 1}})
+    other_lr = parse_spec({**spec.model_dump(),
+                           "training": {**spec.training.model_dump(), "lr": 0.004}})
+    model = spec.resolve_model("micro", "cem")
+    assert trial_id(spec, model) == trial_id(fewer_workers, model)
+    assert trial_id(spec, model) != trial_id(other_lr, model)
+    assert len({t.trial_id for t in plan_trials(spec)}) == 4
