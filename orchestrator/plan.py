@@ -66,5 +66,6 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial]) -> str:
     head = (f"experiment {spec.name}: {len(trials)} trial(s), "
             f"{spec.resources.num_workers} worker(s) each, ZeRO {spec.training.zero_stage}, "
             f"global batch {spec.training.batch_size} x {trials[0].model.context_length} tokens")
-    total = f"total: {sum(t.tokens for t in trials):,} tokens, {sum(t.steps for t in trials):,} steps"
+    total = (f"total: {sum(t.tokens for t in trials):,} tokens, "
+             f"{sum(t.steps for t in trials):,} steps")
     return "\n".join([head, format_table(rows, list(rows[0])), total])

@@ -59,7 +59,8 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head "
+                             f"({self.n_head})")
         if self.attention not in ("llama", "cem"):
             raise ValueError(f"attention must be 'llama' or 'cem', got {self.attention!r}")
         if self.mlp not in ("llama", "cem"):

@@ -1,0 +1,74 @@
+"""The Streamlit dashboard against a real MLflow store (SQLite), with Streamlit's AppTest."""
+
+import math
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+from streamlit.testing.v1 import AppTest
+
+from dashboards.plots import family, perplexity_vs_parameters
+
+APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
+RUNS = {  # variant: (attention, mlp, params_total, test_perplexity)
+    "llama": ("llama", "llama", 1_901_696, 150.0),
+    "cem-attn": ("cem", "llama", 1_770_632, 155.0),
+    "cem-mlp": ("llama", "cem", 1_705_088, 160.0),
+    "cem": ("cem", "cem", 1_574_024, 158.0),
+}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> MlflowClient:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return MlflowClient(uri)
+
+
+def fill(client: MlflowClient) -> None:
+    exp = client.create_experiment("demo")
+    for variant, (attention, mlp, params, ppl) in RUNS.items():
+        run = client.create_run(exp, run_name=f"{variant}@micro", tags={
+            "variant": variant, "size": "micro", "attention": attention, "mlp": mlp})
+        metrics = [Metric("params_total", params, 0, 0), Metric("test_perplexity", ppl, 0, 50),
+                   Metric("unigram_test_perplexity", 594.5, 0, 0)]
+        metrics += [Metric("loss", 7 - math.log(s), 0, s) for s in range(1, 51)]
+        metrics += [Metric("val_perplexity", ppl * 1.1, 0, 25),
+                    Metric("val_perplexity", ppl, 0, 50)]
+        client.log_batch(run.info.run_id, metrics=metrics)
+        client.set_terminated(run.info.run_id)
+
+
+def test_dashboard_shows_runs_and_perplexity_vs_parameters(store):
+    fill(store)
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    assert at.sidebar.selectbox[0].value == "demo"
+    table = at.dataframe[0].value
+    assert sorted(table["variant"]) == sorted(RUNS)
+    assert dict(zip(table["variant"], table["test_perplexity"])) == {
+        v: r[3] for v, r in RUNS.items()}
+    charts = at.get("plotly_chart")
+    assert len(charts) == 3  # perplexity vs parameters, loss curves, validation curves
+    assert "594.5" in at.caption[0].value
+
+
+def test_dashboard_without_runs_says_how_to_get_some(store):
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    assert "make demo" in at.info[0].value
+
+
+def test_perplexity_vs_parameters_has_one_trace_per_family():
+    import pandas as pd
+
+    frame = pd.DataFrame([{"run_name": v, "size": "micro", "attention": a, "mlp": m,
+                           "params_total": p, "test_perplexity": ppl}
+                          for v, (a, m, p, ppl) in RUNS.items()]
+                         + [{"run_name": "running", "size": "micro", "attention": "cem",
+                             "mlp": "cem", "params_total": 1, "test_perplexity": None}])
+    fig = perplexity_vs_parameters(frame)
+    points = {trace.name.split(",")[0]: (list(trace.x), list(trace.y)) for trace in fig.data}
+    assert points == {family(a, m): ([p], [ppl]) for a, m, p, ppl in RUNS.values()}
+    assert fig.layout.yaxis.type == "log"
