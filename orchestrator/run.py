@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -26,7 +27,7 @@ def _train_job(spec: ExperimentSpec, trial: Trial, corpus: dict, uri: str,
                run_id: str) -> TrainJob:
     t, r = spec.training, spec.resources
     return TrainJob(model=trial.model.to_dict(), corpus=corpus,
-                    optim=t.optim_config().__dict__, tokens=trial.tokens,
+                    optim=dataclasses.asdict(t.optim_config()), tokens=trial.tokens,
                     batch_size=t.batch_size, micro_batch_size=t.micro_batch_size,
                     world_size=r.num_workers, zero_stage=t.zero_stage, precision=t.precision,
                     eval_interval=t.eval_interval, eval_sequences=t.eval_sequences,

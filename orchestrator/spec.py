@@ -33,6 +33,14 @@ class SpecError(ValueError):
     """A spec that cannot run; ``str()`` is one line naming the offending field."""
 
 
+class _FieldError(ValueError):
+    """Raised inside a model validator to report a specific field (``loc``) of the spec."""
+
+    def __init__(self, loc: tuple, msg: str) -> None:
+        super().__init__(msg)
+        self.loc, self.msg = loc, msg
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -150,12 +158,6 @@ class ExperimentSpec(_Strict):
         overrides = self.variants[variant].model_dump(exclude_none=True)
         overrides.setdefault("vocab_size", self.data.vocab_size)
         return ModelConfig.from_preset(size, **overrides)
-
-
-class _FieldError(ValueError):
-    def __init__(self, loc: tuple, msg: str) -> None:
-        super().__init__(msg)
-        self.loc, self.msg = loc, msg
 
 
 def _first_error(e: ValidationError) -> tuple[str, str]:

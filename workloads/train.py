@@ -104,7 +104,7 @@ def evaluate(engine, dataset: PackedSequences, micro_batch_size: int,
     per_rank = math.ceil(n / world)
     mine = chosen[rank::world]
     mine = mine + [-1] * (per_rank - len(mine))  # -1: padding, not counted
-    device = next(engine.module.parameters()).device
+    device = engine.device
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     engine.eval()
     for start in range(0, per_rank, micro_batch_size):
@@ -180,6 +180,7 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
                  precision)
     start = interval_start = time.perf_counter()
     for step in range(1, total_steps + 1):
+        lr = engine.get_lr()[0]  # the LR this optimizer step uses
         loss_sum = torch.zeros((), device=device)
         for _ in range(job.grad_accum):
             x, y = next(batches)
@@ -191,7 +192,7 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
             loss_sum += loss.detach()
         dist.all_reduce(loss_sum)
         metrics = {"loss": loss_sum.item() / (job.grad_accum * world),
-                   "lr": engine.get_lr()[0], "tokens_seen": step * tokens_per_step}
+                   "lr": lr, "tokens_seen": step * tokens_per_step}
         if step % job.log_interval == 0 or step == total_steps:
             now = time.perf_counter()
             steps_in_interval = step % job.log_interval or job.log_interval

@@ -99,7 +99,8 @@ def test_run_trains_and_tracks_every_trial(services, tmp_path):
         assert sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.5  # the loss goes down
         lr = {x.step: x.value for x in client.get_metric_history(run.info.run_id, "lr")}
         for step in (1, steps // 2, steps):  # the schedule that ran is the paper's schedule
-            assert lr[step] == pytest.approx(0.004 * lr_factor(step, steps, 0.05, 0.1), rel=1e-6)
+            expected = 0.004 * lr_factor(step - 1, steps, 0.05, 0.1)  # step s uses f(s - 1)
+            assert lr[step] == pytest.approx(expected, rel=1e-6)
         val = client.get_metric_history(run.info.run_id, "val_perplexity")
         assert sorted(x.step for x in val) == [20, steps]
 

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -109,14 +110,21 @@ def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> PreparedC
     """
     cache_dir = Path(cache_dir)
     source = open_source(cfg, cache_dir)
-    ids = [d.doc_id for d in source.documents()]
+    ids: list[str] = []
+
+    def listed(docs: Iterator[Document]) -> Iterator[Document]:
+        for doc in docs:
+            ids.append(doc.doc_id)
+            yield doc
+
+    fingerprint = documents_fingerprint(listed(source.documents()))  # one pass: ids and content
     splits = split_documents(ids, cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
 
     def docs_of(split: str) -> list[Document]:
         return [d for d in source.documents() if splits[d.doc_id] == split]
 
     key = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
-                         + documents_fingerprint(source.documents()).encode()).hexdigest()[:16]
+                         + fingerprint.encode()).hexdigest()[:16]
     directory = cache_dir / f"corpus-{key}"
     manifest = directory / "manifest.json"
     if manifest.exists():
