@@ -1,92 +1,259 @@
-"""CEM sublayers: weight-tied attention and MLP as gradient steps on explicit energies.
+"""CEM sublayers: weight-tied attention and MLP as descent on explicit energies.
 
 Each sublayer takes the residual stream ``h`` (B, T, D) and returns the last iterate ``x^(T)``;
-the residual is absorbed into the update ``x^(t+1) = x^(t) - eta * grad``. Each owns one RMSNorm
-``norm``, applied to ``h`` for the fixed side (keys/values, gamma) and to every iterate for the
-query side (paper Algorithm 1, as reconstructed in docs/DESIGN.md).
+the residual is absorbed into the update. Each owns one RMSNorm ``norm``, applied to ``h`` for
+the fixed side (keys/values, gamma) and to every iterate for the query side (paper Algorithm 1,
+as reconstructed in docs/DESIGN.md).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workloads.models.config import ModelConfig
+from workloads.models.energy import elementwise_energy, interaction_energy
 from workloads.models.position import alibi_bias, alibi_slopes
+from workloads.models.precond import Preconditioner
+
+VELOCITY = "attn_velocity"  # key of the attention velocity in a layer-scope momentum carry
+
+
+def _step_size(value: float, learnable: bool) -> torch.Tensor | float:
+    # Shape (1,), not 0-dim: DeepSpeed's bf16 path cannot flatten 0-dim parameters.
+    return nn.Parameter(torch.tensor([value])) if learnable else value
 
 
 class CEMAttention(nn.Module):
-    """Weight-tied attention: descent on the interaction energy (paper Eq. 1-5, App. A).
+    """Weight-tied attention: descent on the interaction energy (Eq. 1-5, Sec. 2.3, App. A).
 
-    With ``h~ = norm(h)``, keys (= values) ``k_j = W^K h~_j`` are computed once; then for
-    t = 0..T-1, ``u = norm(x^(t))``, ``q_i = W^Q u_i`` and
+    With ``h~ = norm(h)``, keys (= values) ``k_j = W^K h~_j`` are computed once; for each step
+    ``u = norm(x)``, ``q_i = W^Q u_i`` and
 
-        s_ijk = k_jᵀ q_i / tau - m_k (i - j) + [i == j] b_self + [i != j] b_cross   (j <= i)
-        x_i^(t+1) = x_i^(t) + eta * sum_k W^Q_kᵀ sum_j softmax_j(s_ijk) k_j
+        s_ijk = (k_jᵀ q_i + h~_jᵀ D_k u_i) / tau - m_k (i - j) + [i == j] b_self + [i != j] b_cross
+        g_ik  = W^Q_kᵀ sum_j p_ijk k_j  (+ D_k sum_j p_ijk h~_j  with energy_exact)
+        x_i  <- x_i + eta sum_k P_k g_ik                     (p = softmax_j s, tau = sqrt(Dh))
 
-    with tau = sqrt(d_head). The sum is -grad_u of eps(u | h~) = -tau sum_k log sum_j exp(s_ijk)
-    (Eq. 2, 4). Parameters: ``q_proj`` (W^Q, D -> K*Dh, also the output map W^Qᵀ, Eq. 5),
-    ``k_proj`` (W^K, also the value map), scalars ``self_bias``/``cross_bias`` (shape (1,)); buffer
-    ``alibi_slopes`` (K,). Input and output (B, T, D).
+    With ``energy_exact`` (or no diagonal) sum_k g_ik = -grad_u eps(u | h~) of
+    ``workloads.models.energy.interaction_energy``; Algorithm 1 (the default) drops the D_k h~
+    value term. ``update`` replaces the plain step by heavy-ball momentum, Nesterov, or the
+    Newton-type step (see ``newton_correction``). With ``layer_reuse`` the sublayer is instead
+    applied T times as a plain residual layer, keys recomputed from each new state.
+
+    Parameters: ``q_proj`` (W^Q, D -> K*Dh, also the output map W^Qᵀ, Eq. 5), ``k_proj`` (W^K,
+    also the value map), ``self_bias``/``cross_bias`` (1,), ``kq_diag`` (D,) shared or (K, D)
+    per head, ``step_size`` (1,) when learnable, ``precond`` (per-head ``Preconditioner``);
+    buffer ``alibi_slopes`` (K,). Input and output (B, T, D).
     """
+
+    use_sdpa = True  # False: the plain reference path (explicit scores and softmax)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.cfg = cfg
         self.n_head, self.d_head = cfg.n_head, cfg.d_head
-        self.steps, self.step_size = cfg.attn_steps, cfg.attn_step_size
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_head * cfg.d_head, bias=False)
-        # Scalars as in App. A, stored with shape (1,): DeepSpeed's bf16 path cannot flatten 0-dim.
         self.self_bias = nn.Parameter(torch.zeros(1))
         self.cross_bias = nn.Parameter(torch.zeros(1))
         self.register_buffer("alibi_slopes", alibi_slopes(cfg.n_head), persistent=False)
+        diag_shape = {"none": None, "shared": (cfg.d_model,),
+                      "per_head": (cfg.n_head, cfg.d_model)}[cfg.kq_diag]
+        self.kq_diag = nn.Parameter(torch.zeros(diag_shape)) if diag_shape else None
+        self.step_size = _step_size(cfg.attn_step_size, cfg.learn_step_size)
+        self.precond = (None if cfg.attn_preconditioner == "identity" else Preconditioner(
+            cfg.attn_preconditioner, cfg.d_model, cfg.attn_precond_rank, groups=cfg.n_head,
+            psd=cfg.preconditioner_psd))
 
+    # -- pieces ------------------------------------------------------------------------------
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_head, self.d_head).transpose(1, 2)  # (B, K, T, Dh)
+        return x.view(b, t, self.n_head, -1).transpose(1, 2)  # (B, K, T, .)
+
+    def _w(self, proj: nn.Linear) -> torch.Tensor:
+        return proj.weight.view(self.n_head, self.d_head, -1)  # (K, Dh, D)
+
+    def _diag(self) -> torch.Tensor | None:
+        """D_k as (K, D) (a shared diagonal broadcast over heads), or None."""
+        if self.kq_diag is None:
+            return None
+        return self.kq_diag.expand(self.n_head, -1) if self.kq_diag.dim() == 1 else self.kq_diag
 
     def score_bias(self, seq_len: int, dtype: torch.dtype) -> torch.Tensor:
         """The causal ALiBi + self/cross bias b_ijk, shape (K, T, T)."""
         return alibi_bias(self.alibi_slopes, seq_len, self.self_bias, self.cross_bias).to(dtype)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        b, t, d = h.shape
-        k = self._heads(self.k_proj(self.norm(h)))  # (B, K, T, Dh): keys = values, fixed
-        bias = self.score_bias(t, h.dtype)  # (K, T, T)
+    def fixed_side(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h~ = norm(h)`` (B, T, D) and the keys ``k`` (B, K, T, Dh), computed once."""
+        h_norm = self.norm(h)
+        return h_norm, self._heads(self.k_proj(h_norm))
+
+    def _attend(self, u: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor, bias: torch.Tensor,
+                need_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention outputs o = sum_j p_ij v_j (B, K, T, Dh [+ D]) and optionally p."""
+        q = self._heads(self.q_proj(u))
+        diag = self._diag()
+        v = k
+        if diag is not None:  # fold h~ᵀ D_k u into the dot product: [q, D_k u] . [k, h~]
+            b, t, d = u.shape
+            q = torch.cat([q, u[:, None] * diag[None, :, None, :]], dim=-1)
+            k = torch.cat([k, h_norm[:, None].expand(b, self.n_head, t, d)], dim=-1)
+            if self.cfg.energy_exact:
+                v = k
+        scale = 1 / math.sqrt(self.d_head)
+        if self.use_sdpa and not need_probs:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), None
+        p = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
+        return p @ v, p
+
+    def _to_model_space(self, o: torch.Tensor) -> torch.Tensor:
+        """Per-head directions g_k = W^Q_kᵀ o_k (+ D_k o~_k), shape (B, T, K, D)."""
+        g = torch.einsum("bktc,kcd->btkd", o[..., :self.d_head], self._w(self.q_proj))
+        if o.shape[-1] > self.d_head:  # exact value path: D_k sum_j p_ijk h~_j
+            g = g + o[..., self.d_head:].transpose(1, 2) * self._diag()
+        return g
+
+    def newton_correction(self, g: torch.Tensor, p: torch.Tensor, h_norm: torch.Tensor,
+                          k: torch.Tensor) -> torch.Tensor:
+        """Per-head pieces of -H g, shape (B, T, K, D), for the total direction ``g`` (B, T, D).
+
+        Derivation. With beta_kj = W^Q_kᵀ k_j + D_k h~_j and s_ijk = beta_kjᵀ u_i / tau + b_ijk,
+        eps = -tau sum_k log sum_j exp(s_ijk) has gradient -sum_k sum_j p_ijk beta_kj and
+        Hessian H = -(1/tau) sum_k Cov_k, Cov_k = sum_j p_ijk (beta_kj - bbar_k)(beta_kj -
+        bbar_k)ᵀ, bbar_k = sum_j p_ijk beta_kj: eps is concave in u, so H has no useful inverse
+        on its own. The Newton-type (implicit, proximal) step solves
+        (I + eta H) delta = eta g, i.e. delta is the gradient step taken at the end point to
+        first order; expanding (I + eta H)^-1 = I - eta H + (eta H)^2 - ... and keeping the first
+        Neumann term gives delta = eta (g - eta H g) = eta (g + (eta/tau) sum_k Cov_k g).
+        Cov_k g is computed without forming beta: with c_ijk = beta_kjᵀ g_i and r = p * c,
+        sum_j r_ijk beta_kj - (sum_j r_ijk) bbar_k, whose W^Qᵀ and D_k parts are two more
+        attention-shaped products. Returns (eta / tau) Cov_k g per head, i.e. the pieces of
+        -eta H g.
+        """
+        wq, diag = self._w(self.q_proj), self._diag()
+        r_q = torch.einsum("kcd,btd->bktc", wq, g)  # W^Q_k g_i  (B, K, T, Dh)
+        c = r_q @ k.transpose(-1, -2)  # (B, K, T, T)
+        hn = h_norm[:, None]  # (B, 1, T, D)
+        if diag is not None:
+            c = c + (g[:, None] * diag[None, :, None, :]) @ hn.transpose(-1, -2)
+        r = p * c
+        m = r.sum(-1, keepdim=True)
+        cov_k = (r @ k) - m * (p @ k)  # (B, K, T, Dh)
+        out = torch.einsum("bktc,kcd->btkd", cov_k, wq)
+        if diag is not None:
+            cov_h = (r @ hn) - m * (p @ hn)  # (B, K, T, D)
+            out = out + cov_h.transpose(1, 2) * diag
+        return self.step_size / math.sqrt(self.d_head) * out
+
+    def direction(self, x: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor,
+                  bias: torch.Tensor) -> torch.Tensor:
+        """The update direction at iterate ``x`` (B, T, D): sum_k P_k (g_k [+ Newton term])."""
+        u = self.norm(x)
+        newton = self.cfg.update == "newton"
+        o, p = self._attend(u, h_norm, k, bias, need_probs=newton)
+        if self.precond is None and not newton:
+            if o.shape[-1] == self.d_head:  # the common case: one matmul with W^Q
+                b, _, t, _ = o.shape
+                return o.transpose(1, 2).reshape(b, t, -1) @ self.q_proj.weight
+            return self._to_model_space(o).sum(2)
+        g_heads = self._to_model_space(o)  # (B, T, K, D)
+        if newton:
+            g_heads = g_heads + self.newton_correction(g_heads.sum(2), p, h_norm, k)
+        if self.precond is not None:
+            g_heads = self.precond(g_heads)
+        return g_heads.sum(2)
+
+    # -- the update --------------------------------------------------------------------------
+    def iterates(self, h: torch.Tensor, carry: dict | None = None) -> list[torch.Tensor]:
+        """x^(0) = h, x^(1), ..., x^(T), each (B, T, D).
+
+        ``carry``: with ``momentum_scope: layer``, a dict shared by the layers of one forward
+        pass; the velocity is read from and written back to it.
+        """
+        cfg, eta = self.cfg, self.step_size
+        bias = self.score_bias(h.shape[1], h.dtype)
+        xs = [h]
+        if cfg.layer_reuse:  # plain reuse: the whole residual sublayer again, keys recomputed
+            for _ in range(cfg.attn_steps):
+                h_norm, k = self.fixed_side(xs[-1])
+                xs.append(xs[-1] + eta * self.direction(xs[-1], h_norm, k, bias))
+            return xs
+        h_norm, k = self.fixed_side(h)
+        uses_velocity = cfg.update in ("momentum", "nesterov")
+        velocity = None
+        if uses_velocity and cfg.momentum_scope == "layer" and carry is not None:
+            velocity = carry.get(VELOCITY)
         x = h
-        for _ in range(self.steps):
-            q = self._heads(self.q_proj(self.norm(x)))  # (B, K, T, Dh)
-            o = F.scaled_dot_product_attention(q, k, k, attn_mask=bias)  # scale 1/sqrt(Dh)
-            g = o.transpose(1, 2).reshape(b, t, d) @ self.q_proj.weight  # (B, T, D): W^Qᵀ o
-            x = x + self.step_size * g
-        return x
+        for _ in range(cfg.attn_steps):
+            if not uses_velocity:
+                x = x + eta * self.direction(x, h_norm, k, bias)
+            else:
+                mu_v = 0 if velocity is None else cfg.momentum * velocity
+                at = x + eta * mu_v if cfg.update == "nesterov" else x
+                velocity = mu_v + self.direction(at, h_norm, k, bias)
+                x = x + eta * velocity
+            xs.append(x)
+        if uses_velocity and cfg.momentum_scope == "layer" and carry is not None:
+            carry[VELOCITY] = velocity
+        return xs
+
+    def forward(self, h: torch.Tensor, carry: dict | None = None) -> torch.Tensor:
+        return self.iterates(h, carry)[-1]
+
+    def energy(self, x: torch.Tensor, h: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+        """eps(norm(x) | norm(h)) of every token (B, T) (per head: (B, T, K)), Eq. 1 + App. A."""
+        return interaction_energy(self.norm(x), self.norm(h), self._w(self.q_proj),
+                                  self._w(self.k_proj), self._diag(),
+                                  self.score_bias(h.shape[1], h.dtype), per_head=per_head)
 
 
 class CEMMLP(nn.Module):
-    """Weight-tied gated MLP: descent on the element-wise energy (paper Eq. 7-11).
+    """Weight-tied gated MLP: descent on the element-wise energy (Eq. 7-11, Sec. 2.3).
 
-    ``gamma = W h~`` is fixed across steps; for t = 0..T-1, ``u = norm(x^(t))`` and
+    ``gamma = W h~`` is fixed across steps; for each step ``u = norm(x)`` and
 
-        x^(t+1) = x^(t) + eta * Vᵀ (gamma ∘ SiLU(V u))
+        x <- x + eta P Vᵀ (gamma ∘ SiLU(V u))
 
-    which is -grad_u of xi(u | h~) = -gammaᵀ phi(V u) with phi(x) = int_0^x SiLU (Eq. 8-10).
-    Parameters ``gate_proj`` (W: D -> d_mlp) and ``up_proj`` (V: D -> d_mlp; Vᵀ is the down map,
-    Eq. 11). Input and output (B, T, D).
+    where Vᵀ(gamma ∘ SiLU(V u)) = -grad_u xi(u | h~), xi = -gammaᵀ phi(V u), phi = int SiLU.
+    With ``layer_reuse``: plain reuse, gamma recomputed from each new state.
+    Parameters ``gate_proj`` (W: D -> d_mlp), ``up_proj`` (V: D -> d_mlp; Vᵀ is the down map,
+    Eq. 11), ``step_size`` (1,) when learnable, ``precond`` (one ``Preconditioner``).
+    Input and output (B, T, D).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.steps, self.step_size = cfg.mlp_steps, cfg.mlp_step_size
+        self.cfg = cfg
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.gate_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+        self.step_size = _step_size(cfg.mlp_step_size, cfg.learn_step_size)
+        self.precond = (None if cfg.mlp_preconditioner == "identity" else Preconditioner(
+            cfg.mlp_preconditioner, cfg.d_model, cfg.mlp_precond_rank,
+            psd=cfg.preconditioner_psd))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def direction(self, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        """P Vᵀ (gamma ∘ SiLU(V norm(x))), shape (B, T, D)."""
+        g = (gamma * F.silu(self.up_proj(self.norm(x)))) @ self.up_proj.weight
+        return g if self.precond is None else self.precond(g[..., None, :])[..., 0, :]
+
+    def iterates(self, h: torch.Tensor) -> list[torch.Tensor]:
+        """x^(0) = h, ..., x^(T), each (B, T, D)."""
+        xs = [h]
         gamma = self.gate_proj(self.norm(h))  # (B, T, d_mlp), fixed
-        x = h
-        for _ in range(self.steps):
-            a = gamma * F.silu(self.up_proj(self.norm(x)))  # (B, T, d_mlp)
-            x = x + self.step_size * (a @ self.up_proj.weight)  # Vᵀ a: (B, T, D)
-        return x
+        for _ in range(self.cfg.mlp_steps):
+            if self.cfg.layer_reuse:
+                gamma = self.gate_proj(self.norm(xs[-1]))
+            xs.append(xs[-1] + self.step_size * self.direction(xs[-1], gamma))
+        return xs
+
+    def forward(self, h: torch.Tensor, carry: dict | None = None) -> torch.Tensor:
+        return self.iterates(h)[-1]
+
+    def energy(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """xi(norm(x) | norm(h)) of every token, (B, T) (Eq. 7)."""
+        return elementwise_energy(self.norm(x), self.gate_proj(self.norm(h)), self.up_proj.weight)

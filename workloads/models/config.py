@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
 AttentionKind = Literal["llama", "cem"]
 MlpKind = Literal["llama", "cem"]
+Position = Literal["rope", "alibi"]
+KQDiag = Literal["none", "shared", "per_head"]
+PreconditionerKind = Literal["identity", "diag", "diag_lowrank"]
+UpdateRule = Literal["gd", "momentum", "nesterov", "newton"]
+MomentumScope = Literal["step", "layer"]
+
+_CHOICES = {"attention": AttentionKind, "mlp": MlpKind, "position": Position, "kq_diag": KQDiag,
+            "attn_preconditioner": PreconditionerKind, "mlp_preconditioner": PreconditionerKind,
+            "update": UpdateRule, "momentum_scope": MomentumScope}
 
 
 @dataclass(frozen=True)
@@ -17,21 +27,35 @@ class ModelConfig:
     Variants are fields, never subclasses: ``attention`` and ``mlp`` pick the sublayer kind, so the
     four Llama/CEM combinations are four configs of the same ``DecoderLM``.
 
-    Fields (field-standard names):
-        vocab_size: tokens in the vocabulary.
-        d_model: width of the residual stream D.
-        n_layer: number of blocks.
-        n_head: attention heads K; ``d_head = d_model // n_head``.
-        d_mlp: hidden width of the MLP (Llama gate/up width; CEM ``W, V`` rows).
-        context_length: maximum sequence length T.
-        attention: ``llama`` (RoPE multi-head attention, untied q/k/v/o) or ``cem`` (weight-tied
-            gradient step on the interaction energy, paper Eq. 1-5, ALiBi, App. A).
-        mlp: ``llama`` (SwiGLU) or ``cem`` (gradient step on the element-wise energy, Eq. 7-11).
-        attn_steps, mlp_steps: recursion depth T of the CEM sublayers (1 = the paper's Sec. 4.1).
-        attn_step_size, mlp_step_size: step sizes eta of the CEM updates (1.0 recovers Eq. 3 / 9).
-        rope_theta: RoPE base of the Llama attention.
-        norm_eps: RMSNorm epsilon.
-        init_std: standard deviation of the normal initialisation of linear and embedding weights.
+    Fields (field-standard names; defaults give the paper's single-step layers of Sec. 4.1 and
+    its choices where it makes one; the ``cem-*`` presets carry its best setting, Sec. 4.3):
+        vocab_size, d_model (D), n_layer, n_head (K; ``d_head = d_model // n_head``), d_mlp,
+            context_length: the usual sizes.
+        attention: ``llama`` (multi-head attention, untied q/k/v/o) or ``cem`` (weight-tied
+            descent on the interaction energy, Eq. 1-5, ALiBi, App. A).
+        mlp: ``llama`` (SwiGLU) or ``cem`` (descent on the element-wise energy, Eq. 7-11).
+        position: position encoding of Llama attention, ``rope`` or ``alibi`` (CEM is ALiBi).
+        attn_steps, mlp_steps: T, the number of updates of a sublayer. For CEM, within-layer
+            recursion (Sec. 2.3): keys/values (and gamma) fixed, only the query side re-evaluated.
+            For a Llama sublayer, or with ``layer_reuse``, plain reuse: the whole residual
+            sublayer applied T times, keys/values recomputed from the new state (Fig. 3c, 4).
+        layer_reuse: make CEM sublayers with T > 1 plain reuse instead of recursion (ablation).
+        attn_step_size, mlp_step_size: eta of the CEM updates (1.0 recovers Eq. 3 and 9);
+            ``learn_step_size`` makes them learnable scalars initialised there.
+        kq_diag: diagonal of A_k = diag(d_k) + W^Qᵀ_k W^K_k (Sec. 2.3): ``none``, ``shared``
+            across heads, or ``per_head``.
+        attn_preconditioner (per head, rank ``attn_precond_rank``), mlp_preconditioner (rank
+            ``mlp_precond_rank``): ``identity``, ``diag`` = diag(softplus(d)) or ``diag_lowrank`` =
+            diag(softplus(d)) + UVᵀ + VUᵀ (Sec. 2.3, App. C.4).
+        preconditioner_psd: use diag(softplus(d)) + UUᵀ instead, positive definite by
+            construction (UVᵀ + VUᵀ is indefinite once V moves).
+        energy_exact: include the D_k h~_j term in the value path, so the step is the exact
+            gradient of Eq. 1 with a diagonal (Algorithm 1 drops it).
+        update: CEM attention update rule (intrinsic-optimizers paper): ``gd``, ``momentum``,
+            ``nesterov`` (coefficient ``momentum``) or ``newton`` (first Neumann term).
+        momentum_scope: velocity kept within one sublayer's recursion (``step``) or carried from
+            each layer's attention to the next (``layer``).
+        rope_theta, norm_eps, init_std: RoPE base, RMSNorm epsilon, init standard deviation.
 
     Raises:
         ValueError: on a non-positive size, or ``d_model`` not divisible by ``n_head``.
@@ -45,26 +69,41 @@ class ModelConfig:
     context_length: int = 256
     attention: AttentionKind = "llama"
     mlp: MlpKind = "llama"
+    position: Position = "rope"
     attn_steps: int = 1
     mlp_steps: int = 1
+    layer_reuse: bool = False
     attn_step_size: float = 1.0
     mlp_step_size: float = 1.0
+    learn_step_size: bool = False
+    kq_diag: KQDiag = "none"
+    attn_preconditioner: PreconditionerKind = "identity"
+    mlp_preconditioner: PreconditionerKind = "identity"
+    attn_precond_rank: int = 4
+    mlp_precond_rank: int = 16
+    preconditioner_psd: bool = False
+    energy_exact: bool = False
+    update: UpdateRule = "gd"
+    momentum: float = 0.9
+    momentum_scope: MomentumScope = "step"
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_mlp", "context_length",
-                     "attn_steps", "mlp_steps"):
+                     "attn_steps", "mlp_steps", "attn_precond_rank", "mlp_precond_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head "
                              f"({self.n_head})")
-        if self.attention not in ("llama", "cem"):
-            raise ValueError(f"attention must be 'llama' or 'cem', got {self.attention!r}")
-        if self.mlp not in ("llama", "cem"):
-            raise ValueError(f"mlp must be 'llama' or 'cem', got {self.mlp!r}")
+        for name, kind in _CHOICES.items():
+            if getattr(self, name) not in typing.get_args(kind):
+                raise ValueError(f"{name} must be one of {typing.get_args(kind)}, "
+                                 f"got {getattr(self, name)!r}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
     @property
     def d_head(self) -> int:
@@ -99,6 +138,13 @@ def _paper(d_model: int, n_layer: int, n_head: int, d_mlp: int) -> ModelConfig:
                        d_mlp=d_mlp, context_length=2048)
 
 
+# The paper's best CEM configuration (Sec. 4.3): both sublayers CEM, T = 2, shared KQ diagonal,
+# diagonal-plus-low-rank preconditioners.
+CEM_BEST = {"attention": "cem", "mlp": "cem", "attn_steps": 2, "mlp_steps": 2,
+            "kq_diag": "shared", "attn_preconditioner": "diag_lowrank",
+            "mlp_preconditioner": "diag_lowrank"}
+
+
 PRESETS: dict[str, ModelConfig] = {
     # CPU sizes for tests and demos (vocabulary of the embedded Shakespeare BPE).
     "nano": ModelConfig(vocab_size=512, d_model=32, n_layer=2, n_head=2, d_mlp=96,
@@ -113,3 +159,5 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-134m": _paper(768, 12, 12, 2048),
     "llama-162m": _paper(864, 12, 12, 2304),
 }
+PRESETS.update({f"cem-{name.split('-', 1)[1]}": dataclasses.replace(cfg, **CEM_BEST)
+                for name, cfg in list(PRESETS.items()) if name.startswith("llama-")})

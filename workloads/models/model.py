@@ -14,15 +14,19 @@ _MLP = {"llama": LlamaMLP, "cem": CEMMLP}
 
 
 class Block(nn.Module):
-    """One layer: ``h -> mlp(attn(h))``; each sublayer owns its norm and its residual."""
+    """One layer: ``h -> mlp(attn(h))``; each sublayer owns its norm and its residual.
+
+    ``carry`` is the per-forward dict through which layer-scope momentum passes from one
+    layer's attention to the next (None otherwise).
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attn = _ATTENTION[cfg.attention](cfg)
         self.mlp = _MLP[cfg.mlp](cfg)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.attn(h))
+    def forward(self, h: torch.Tensor, carry: dict | None = None) -> torch.Tensor:
+        return self.mlp(self.attn(h, carry), carry)
 
 
 class DecoderLM(nn.Module):
@@ -50,8 +54,9 @@ class DecoderLM(nn.Module):
             raise ValueError(f"sequence length {idx.shape[1]} exceeds context_length "
                              f"{self.cfg.context_length}")
         h = self.embed_tokens(idx)  # (B, T, D)
+        carry = {} if self.cfg.momentum_scope == "layer" else None
         for block in self.blocks:
-            h = block(h)
+            h = block(h, carry)
         return self.lm_head(self.norm(h))  # (B, T, vocab)
 
 

@@ -1,0 +1,273 @@
+"""The theory made binding: CEM steps against autograd on their energies (float64).
+
+Every test builds layers with random weights, so a step that only looks right at initialisation
+would fail here.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.integrate import quad
+from scipy.special import spence
+
+from workloads.models import ModelConfig
+from workloads.models.cem import CEMMLP, CEMAttention
+from workloads.models.energy import (
+    elementwise_energy,
+    interaction_energy,
+    interaction_scores,
+    silu_integral,
+)
+from workloads.models.llama import LlamaAttention, LlamaMLP
+from workloads.models.precond import Preconditioner
+
+SHAPES = [(2, 1, 5), (4, 2, 6), (3, 3, 4), (6, 1, 3)]  # (n_head, batch, seq_len); d_head = 4
+
+
+def make(cls, seed: int, positive_norm: bool = False, **overrides):
+    torch.manual_seed(seed)
+    base = {"d_model": 4 * overrides.get("n_head", 2), "d_mlp": 12, "context_length": 16}
+    layer = cls(ModelConfig(**{**base, **overrides})).double()
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name == "norm.weight":
+                p.copy_(1 + 0.1 * torch.rand_like(p) if positive_norm else torch.randn_like(p))
+            elif "precond.p" in name:
+                p.normal_(0.3, 0.2)
+            else:
+                p.normal_(0, 0.4)
+    return layer
+
+
+def descent_step(layer, x, h, eta, precond=None, per_head=True):
+    """x + eta sum_k P_k (-grad_u eps_k(u)), u = norm(x), by autograd on ``layer.energy``."""
+    u = layer.norm(x).detach().requires_grad_(True)
+    h_norm = layer.norm(h)
+    if isinstance(layer, CEMAttention):
+        energies = interaction_energy(u, h_norm, layer._w(layer.q_proj), layer._w(layer.k_proj),
+                                      layer._diag(), layer.score_bias(h.shape[1], h.dtype),
+                                      per_head=True)  # (B, T, K)
+        grads = torch.stack([-torch.autograd.grad(energies[..., k].sum(), u, retain_graph=True)[0]
+                             for k in range(energies.shape[-1])], dim=2)  # (B, T, K, D)
+    else:
+        energy = elementwise_energy(u, layer.gate_proj(h_norm), layer.up_proj.weight)
+        grads = -torch.autograd.grad(energy.sum(), u)[0][:, :, None]  # (B, T, 1, D)
+    if precond is not None:
+        grads = precond(grads)
+    return x + eta * grads.sum(2)
+
+
+@pytest.mark.parametrize(("shape", "diag", "precond", "psd"), [
+    (s, d, p, psd) for s, d, (p, psd) in itertools.product(
+        SHAPES, ["none", "shared", "per_head"],
+        [("identity", False), ("diag", False), ("diag_lowrank", False), ("diag_lowrank", True)])
+])
+def test_exact_attention_steps_are_preconditioned_autograd_descent(shape, diag, precond, psd):
+    n_head, batch, seq = shape
+    layer = make(CEMAttention, seed=n_head + seq, n_head=n_head, attention="cem", attn_steps=2,
+                 attn_step_size=0.7, kq_diag=diag, attn_preconditioner=precond,
+                 preconditioner_psd=psd, energy_exact=True)
+    h = torch.randn(batch, seq, layer.cfg.d_model, dtype=torch.float64)
+    xs = layer.iterates(h)
+    for t in range(2):  # keys stay those of h: every step descends the same energy
+        expected = descent_step(layer, xs[t], h, 0.7, layer.precond)
+        torch.testing.assert_close(xs[t + 1], expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize(("shape", "diag"), itertools.product(SHAPES, ["shared", "per_head"]))
+def test_paper_attention_step_matches_algorithm_1(shape, diag):
+    n_head, batch, seq = shape
+    layer = make(CEMAttention, seed=seq, n_head=n_head, attention="cem", kq_diag=diag)
+    h = torch.randn(batch, seq, layer.cfg.d_model, dtype=torch.float64)
+    h_norm, u = layer.norm(h), layer.norm(h)
+    s = interaction_scores(u, h_norm, layer._w(layer.q_proj), layer._w(layer.k_proj),
+                           layer._diag(), layer.score_bias(seq, h.dtype))
+    keys = torch.einsum("kcd,btd->bktc", layer._w(layer.k_proj), h_norm)
+    o = torch.softmax(s, -1) @ keys  # values are the keys; no D_k h~ term (Algorithm 1)
+    expected = h + torch.einsum("bktc,kcd->btd", o, layer._w(layer.q_proj))
+    torch.testing.assert_close(layer(h), expected, rtol=1e-6, atol=1e-9)
+    exact = make(CEMAttention, seed=seq, n_head=n_head, attention="cem", kq_diag=diag,
+                 energy_exact=True)
+    assert not torch.allclose(exact(h), layer(h))  # the dropped term matters
+
+
+@pytest.mark.parametrize(("precond", "psd"), [("identity", False), ("diag", False),
+                                               ("diag_lowrank", False), ("diag_lowrank", True)])
+def test_mlp_steps_are_preconditioned_autograd_descent(precond, psd):
+    layer = make(CEMMLP, seed=3, mlp="cem", mlp_steps=3, mlp_step_size=0.6,
+                 mlp_preconditioner=precond, preconditioner_psd=psd)
+    h = torch.randn(2, 5, layer.cfg.d_model, dtype=torch.float64)
+    xs = layer.iterates(h)
+    for t in range(3):
+        torch.testing.assert_close(xs[t + 1], descent_step(layer, xs[t], h, 0.6, layer.precond),
+                                   rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize(("cls", "overrides"), [
+    (CEMAttention, {"attention": "cem", "kq_diag": "none", "n_head": 2}),
+    (CEMAttention, {"attention": "cem", "kq_diag": "shared", "energy_exact": True, "n_head": 3}),
+    (CEMAttention, {"attention": "cem", "kq_diag": "per_head", "energy_exact": True,
+                    "n_head": 2}),
+    (CEMMLP, {"mlp": "cem"}),
+])
+def test_small_steps_lower_the_energy(cls, overrides):
+    steps = {"attn_steps": 4, "attn_step_size": 0.01} if cls is CEMAttention else {
+        "mlp_steps": 4, "mlp_step_size": 0.01}
+    layer = make(cls, seed=7, positive_norm=True, **overrides, **steps)
+    with torch.no_grad():
+        layer.norm.weight.fill_(1.0)  # J_norm = (I - x xᵀ/|x|^2)/rms: descent needs no skew
+    h = torch.randn(3, 6, layer.cfg.d_model, dtype=torch.float64)
+    energies = [layer.energy(x, h) for x in layer.iterates(h)]
+    for before, after in zip(energies, energies[1:]):
+        assert (after <= before + 1e-12).all()
+        assert after.sum() < before.sum()
+
+
+def test_one_step_is_a_tied_pre_norm_llama_layer_with_alibi():
+    cem_attn = make(CEMAttention, seed=11, attention="cem", n_head=3)
+    llama = LlamaAttention(ModelConfig(d_model=12, n_head=3, context_length=16,
+                                       position="alibi")).double()
+    cem_mlp = make(CEMMLP, seed=12, mlp="cem", d_model=12, n_head=3)
+    llama_mlp = LlamaMLP(ModelConfig(d_model=12, n_head=3, d_mlp=12)).double()
+    with torch.no_grad():  # Eq. 5: W^V = W^K, W^O = W^Qᵀ; Eq. 11: W^d = Vᵀ, W^u = V, W^g = W
+        llama.norm.weight.copy_(cem_attn.norm.weight)
+        llama.q_proj.weight.copy_(cem_attn.q_proj.weight)
+        llama.k_proj.weight.copy_(cem_attn.k_proj.weight)
+        llama.v_proj.weight.copy_(cem_attn.k_proj.weight)
+        llama.o_proj.weight.copy_(cem_attn.q_proj.weight.T)
+        llama.self_bias.copy_(cem_attn.self_bias)
+        llama.cross_bias.copy_(cem_attn.cross_bias)
+        llama_mlp.norm.weight.copy_(cem_mlp.norm.weight)
+        llama_mlp.gate_proj.weight.copy_(cem_mlp.gate_proj.weight)
+        llama_mlp.up_proj.weight.copy_(cem_mlp.up_proj.weight)
+        llama_mlp.down_proj.weight.copy_(cem_mlp.up_proj.weight.T)
+    h = torch.randn(2, 9, 12, dtype=torch.float64)
+    torch.testing.assert_close(cem_attn(h), llama(h))
+    torch.testing.assert_close(cem_mlp(h), llama_mlp(h))
+
+
+@pytest.mark.parametrize(("diag", "exact"), [("none", False), ("shared", True),
+                                             ("per_head", True), ("shared", False)])
+def test_sdpa_path_equals_the_reference_path(diag, exact, monkeypatch):
+    layer = make(CEMAttention, seed=5, attention="cem", n_head=2, kq_diag=diag, attn_steps=2,
+                 energy_exact=exact, attn_preconditioner="diag_lowrank")
+    h = torch.randn(2, 7, layer.cfg.d_model, dtype=torch.float64)
+    fast = layer(h)
+    monkeypatch.setattr(CEMAttention, "use_sdpa", False)
+    torch.testing.assert_close(fast, layer(h))
+
+
+@pytest.mark.parametrize("diag", ["none", "shared"])
+def test_newton_step_is_the_first_neumann_term(diag):
+    eta = 0.3
+    layer = make(CEMAttention, seed=9, attention="cem", n_head=2, kq_diag=diag,
+                 energy_exact=True, update="newton", attn_step_size=eta)
+    h = torch.randn(1, 4, layer.cfg.d_model, dtype=torch.float64)
+    h_norm, bias = layer.norm(h), layer.score_bias(4, h.dtype)
+
+    def energy(u):
+        return interaction_energy(u, h_norm, layer._w(layer.q_proj), layer._w(layer.k_proj),
+                                  layer._diag(), bias).sum()
+
+    u = layer.norm(h).detach()
+    g = -torch.autograd.functional.jacobian(energy, u)
+    hess = torch.autograd.functional.hessian(energy, u).reshape(u.numel(), u.numel())
+    expected = h + eta * (g - eta * (hess @ g.reshape(-1)).view_as(g))  # eta (I - eta H) g
+    torch.testing.assert_close(layer(h), expected, rtol=1e-6, atol=1e-9)
+
+
+def test_momentum_and_nesterov_follow_their_recurrences():
+    mu, eta = 0.8, 0.5
+    gd = make(CEMAttention, seed=4, attention="cem", n_head=2, attn_steps=2, attn_step_size=eta)
+    h = torch.randn(2, 5, gd.cfg.d_model, dtype=torch.float64)
+    h_norm, k = gd.fixed_side(h)
+    bias = gd.score_bias(5, h.dtype)
+
+    def d(x):
+        return gd.direction(x, h_norm, k, bias)
+
+    for rule in ("momentum", "nesterov"):
+        layer = make(CEMAttention, seed=4, attention="cem", n_head=2, attn_steps=2,
+                     attn_step_size=eta, update=rule, momentum=mu)
+        v1 = d(h)
+        x1 = h + eta * v1
+        v2 = mu * v1 + (d(x1 + eta * mu * v1) if rule == "nesterov" else d(x1))
+        torch.testing.assert_close(layer(h), x1 + eta * v2)
+    one_step = make(CEMAttention, seed=4, attention="cem", n_head=2, update="momentum")
+    torch.testing.assert_close(one_step(h), h + d(h))  # T = 1 within a layer: plain descent
+
+
+def test_layer_scope_momentum_carries_the_velocity_to_the_next_layer():
+    mu = 0.5
+    layer = make(CEMAttention, seed=2, attention="cem", n_head=2, update="momentum",
+                 momentum=mu, momentum_scope="layer")
+    h = torch.randn(1, 4, layer.cfg.d_model, dtype=torch.float64)
+    carry: dict = {}
+    x1 = layer(h, carry)
+    v1 = carry["attn_velocity"]
+    x2 = layer(x1, carry)
+    h_norm, k = layer.fixed_side(x1)
+    expected_v2 = mu * v1 + layer.direction(x1, h_norm, k, layer.score_bias(4, h.dtype))
+    torch.testing.assert_close(x2, x1 + expected_v2)
+    torch.testing.assert_close(layer(h), x1)  # without a carry: per-layer velocity from zero
+
+
+@pytest.mark.parametrize(("cls", "kind"), [(CEMAttention, "attention"), (CEMMLP, "mlp"),
+                                           (LlamaAttention, "attention"), (LlamaMLP, "mlp")])
+def test_plain_layer_reuse_applies_the_whole_sublayer_again(cls, kind):
+    cem = cls in (CEMAttention, CEMMLP)
+    overrides = {kind: "cem"} if cem else {}
+    steps_key = "attn_steps" if kind == "attention" else "mlp_steps"
+    once = make(cls, seed=6, n_head=2, **overrides)
+    twice = make(cls, seed=6, n_head=2, **overrides, **{steps_key: 2}, layer_reuse=cem)
+    h = torch.randn(2, 5, 8, dtype=torch.float64)  # d_model = 4 * n_head
+    torch.testing.assert_close(twice(h), once(once(h)))
+    if cem:  # and differs from within-layer recursion, whose fixed side stays that of h
+        recursion = make(cls, seed=6, n_head=2, **overrides, **{steps_key: 2})
+        assert not torch.allclose(recursion(h), twice(h))
+
+
+def test_silu_integral_closed_form_against_scipy():
+    x = np.concatenate([np.linspace(-40, -0.5, 400), np.linspace(0.5, 40, 400)])
+    ref = x * np.logaddexp(0, x) + spence(1 + np.exp(x)) + math.pi**2 / 12  # Li2(z)=spence(1-z)
+    for dtype, rtol in ((torch.float64, 1e-9), (torch.float32, 3e-6)):
+        got = silu_integral(torch.tensor(x, dtype=dtype)).double().numpy()
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-12)
+    small = np.array([-0.49, -0.2, -1e-3, 1e-4, 0.05, 0.3, 0.49])  # the Taylor range
+    ref_small = [quad(lambda z: z / (1 + math.exp(-z)), 0, v, epsabs=1e-15)[0] for v in small]
+    np.testing.assert_allclose(silu_integral(torch.tensor(small)).numpy(), ref_small, rtol=1e-8)
+
+
+def test_silu_integral_derivative_is_silu_and_matches_its_values():
+    x = torch.linspace(-8, 8, 101, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(silu_integral(x).sum(), x)
+    torch.testing.assert_close(grad, F.silu(x.detach()))
+    assert torch.autograd.gradcheck(silu_integral, (x.detach()[::10].clone().requires_grad_(),))
+
+
+def test_preconditioner_init_and_definiteness():
+    p = Preconditioner("diag_lowrank", dim=8, rank=4, groups=3).double()
+    torch.testing.assert_close(p.diagonal(), torch.full((3, 8), math.log1p(math.e),
+                                                        dtype=torch.float64))
+    assert (p.lowrank_v == 0).all() and abs(p.lowrank_u.std().item() - 0.02) < 0.01
+    with torch.no_grad():
+        p.lowrank_u.normal_(0, 2.0)
+        p.lowrank_v.normal_(0, 2.0)
+    assert (p.min_eigenvalue() < 0).any()  # UVᵀ + VUᵀ is indefinite once V moves
+    psd = Preconditioner("diag_lowrank", dim=8, rank=4, groups=3, psd=True).double()
+    with torch.no_grad():
+        psd.lowrank_u.normal_(0, 2.0)
+    assert (psd.min_eigenvalue() > 0).all()
+    g = torch.randn(5, 3, 8, dtype=torch.float64)
+    torch.testing.assert_close(psd(g), torch.einsum("gij,bgj->bgi", psd.matrix(), g))
+
+
+def test_learnable_step_size_is_trained():
+    layer = make(CEMMLP, seed=1, mlp="cem", learn_step_size=True, mlp_steps=2)
+    assert isinstance(layer.step_size, torch.nn.Parameter)
+    layer(torch.randn(1, 3, layer.cfg.d_model, dtype=torch.float64)).sum().backward()
+    assert layer.step_size.grad is not None and layer.step_size.grad.abs().item() > 0
