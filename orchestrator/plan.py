@@ -10,7 +10,7 @@ import torch
 
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.models import ModelConfig, build_model, count_parameters
+from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Trial:
     params: dict[str, int]
     tokens: int
     steps: int
+    flops: float  # training FLOPs of the whole trial (forward + backward)
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -52,8 +53,10 @@ def plan_trials(spec: ExperimentSpec, vocab_size: int | None = None) -> list[Tri
                 model = ModelConfig(**{**model.to_dict(), "vocab_size": vocab_size})
             tokens_per_step = spec.training.batch_size * model.context_length
             steps = -(-spec.training.tokens // tokens_per_step)
+            tokens = steps * tokens_per_step
             trials.append(Trial(trial_id(spec, model), variant, size, model,
-                                parameter_counts(model), steps * tokens_per_step, steps))
+                                parameter_counts(model), tokens, steps,
+                                flops_per_token(model, model.context_length) * tokens))
     return trials
 
 
@@ -62,10 +65,11 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial]) -> str:
              "attention": t.model.attention, "mlp": t.model.mlp,
              "params": t.params["total"], "non-emb": t.params["total"] - t.params["embedding"],
              "attn": t.params["attention"], "mlp params": t.params["mlp"],
-             "tokens": t.tokens, "steps": t.steps} for t in trials]
+             "tokens": t.tokens, "steps": t.steps, "TFLOPs": round(t.flops / 1e12, 2)}
+            for t in trials]
     head = (f"experiment {spec.name}: {len(trials)} trial(s), "
             f"{spec.resources.num_workers} worker(s) each, ZeRO {spec.training.zero_stage}, "
             f"global batch {spec.training.batch_size} x {trials[0].model.context_length} tokens")
     total = (f"total: {sum(t.tokens for t in trials):,} tokens, "
-             f"{sum(t.steps for t in trials):,} steps")
+             f"{sum(t.steps for t in trials):,} steps, {sum(t.flops for t in trials):.3g} FLOPs")
     return "\n".join([head, format_table(rows, list(rows[0])), total])

@@ -32,7 +32,8 @@ def _train_job(spec: ExperimentSpec, trial: Trial, corpus: dict, uri: str,
                     world_size=r.num_workers, zero_stage=t.zero_stage, precision=t.precision,
                     eval_interval=t.eval_interval, eval_sequences=t.eval_sequences,
                     log_interval=t.log_interval, seed=t.seed,
-                    threads_per_worker=r.cpus_per_worker, tracking_uri=uri, run_id=run_id)
+                    threads_per_worker=r.cpus_per_worker,
+                    energy_diagnostics=t.energy_diagnostics, tracking_uri=uri, run_id=run_id)
 
 
 def _fit(spec: ExperimentSpec, trial: Trial, job: TrainJob) -> None:

@@ -45,7 +45,7 @@ def start_trial_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec, tri
 
     Params: ``model.*`` (the resolved ``ModelConfig``), ``data.*``, ``training.*``,
     ``resources.*``. Metrics at step 0: ``params_<role>`` for every ``count_parameters`` role,
-    plus ``extra_metrics``. Returns the run id.
+    ``flops_per_token`` (training, analytic), plus ``extra_metrics``. Returns the run id.
     """
     tags = {TRIAL_TAG: trial.trial_id, "variant": trial.variant, "size": trial.size,
             "attention": trial.model.attention, "mlp": trial.model.mlp}
@@ -57,6 +57,7 @@ def start_trial_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec, tri
     items = [Param(k, str(v)) for k, v in params.items()]
     now = int(time.time() * 1000)
     metrics = [Metric(f"params_{k}", float(v), now, 0) for k, v in trial.params.items()]
+    metrics.append(Metric("flops_per_token", trial.flops / trial.tokens, now, 0))
     metrics += [Metric(k, float(v), now, 0) for k, v in extra_metrics.items()]
     for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(run.info.run_id, params=items[i:i + 100])

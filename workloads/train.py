@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -23,7 +24,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from workloads.data.corpus import PreparedCorpus
 from workloads.data.packing import PackedSequences
 from workloads.metrics import MetricSink
-from workloads.models import ModelConfig, build_model
+from workloads.models import ModelConfig, build_model, flops_per_token
+from workloads.models.diagnostics import energy_diagnostics
 from workloads.optim import (
     OptimConfig,
     build_optimizer,
@@ -59,6 +61,7 @@ class TrainJob:
     log_interval: int = 10
     seed: int = 0
     threads_per_worker: int = 1
+    energy_diagnostics: bool = False
     tracking_uri: str | None = None
     run_id: str | None = None
 
@@ -121,11 +124,28 @@ def evaluate(engine, dataset: PackedSequences, micro_batch_size: int,
     return totals[0].item(), int(totals[1].item())
 
 
+def diagnose(engine, dataset: PackedSequences, job: TrainJob) -> dict[str, float]:
+    """``energy_diagnostics`` of the model on the first validation micro-batch (every rank runs
+    it; with ZeRO-3 the parameters are gathered first)."""
+    import deepspeed
+
+    x = torch.stack([dataset[i][0] for i in range(min(job.micro_batch_size, len(dataset)))])
+    gathered = (deepspeed.zero.GatheredParameters(list(engine.module.parameters()))
+                if job.zero_stage == 3 else contextlib.nullcontext())
+    engine.eval()
+    with gathered:
+        out = energy_diagnostics(engine.module, x.to(engine.device))
+    engine.train()
+    return out
+
+
 def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
     """Train one model to its token budget with DeepSpeed; report and log metrics.
 
-    Per optimizer step (logged every ``log_interval``): ``loss`` (mean over the global batch),
-    ``lr``, ``tokens_seen``, ``tokens_per_s`` (all workers). Every ``eval_interval`` steps and at
+    Per optimizer step: ``loss`` (mean over the global batch), ``lr``, ``tokens_seen``; every
+    ``log_interval`` steps ``tokens_per_s`` and ``flops_per_s`` (all workers; achieved FLOP/s from
+    the analytic ``flops_per_token``). With ``energy_diagnostics``, each evaluation also logs
+    per-layer per-step energies and preconditioner eigenvalues. Every ``eval_interval`` steps and at
     the end: ``val_loss``, ``val_perplexity``. At the end: ``test_loss``, ``test_perplexity``
     on the whole test split, ``train_wall_s``. Metrics reach MLflow run ``job.run_id`` from rank 0
     and Ray Train through ``ray.train.report`` from every rank.
@@ -165,12 +185,15 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
                        sampler)
     sink = MetricSink(job.tracking_uri, job.run_id, enabled=rank == 0)
     tokens_per_step = job.batch_size * cfg.context_length
+    flops_per_tok = flops_per_token(cfg, cfg.context_length)
     device = engine.device
 
     def validate(step: int) -> dict[str, float]:
         nll, n = evaluate(engine, val_set, job.micro_batch_size, job.eval_sequences)
         out = {"val_loss": nll / n, "val_perplexity": math.exp(nll / n)}
         sink.log(out, step)
+        if job.energy_diagnostics:
+            sink.log(diagnose(engine, val_set, job), step)
         sink.flush()
         return out
 
@@ -197,6 +220,7 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
             now = time.perf_counter()
             steps_in_interval = step % job.log_interval or job.log_interval
             metrics["tokens_per_s"] = steps_in_interval * tokens_per_step / (now - interval_start)
+            metrics["flops_per_s"] = metrics["tokens_per_s"] * flops_per_tok  # achieved
             interval_start = now
             if rank == 0:
                 eta = (now - start) / step * (total_steps - step)

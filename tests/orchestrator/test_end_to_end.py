@@ -17,6 +17,8 @@ from mlflow import MlflowClient
 
 from orchestrator.plan import parameter_counts
 from orchestrator.spec import parse_spec
+from workloads.models import flops_per_token
+from workloads.models.config import CEM_BEST
 from workloads.optim import lr_factor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,10 +29,10 @@ SPEC = {
     "data": {"source": "shakespeare", "vocab_size": 512},
     "sizes": ["nano"],
     "variants": {"llama": {"attention": "llama", "mlp": "llama"},
-                 "cem": {"attention": "cem", "mlp": "cem"}},
+                 "cem": CEM_BEST},  # T = 2, shared diagonal, diag-plus-low-rank preconditioners
     "training": {"tokens": 40960, "batch_size": 16, "micro_batch_size": 8, "lr": 0.004,
                  "eval_interval": 20, "eval_sequences": 32, "log_interval": 5,
-                 "zero_stage": 2},
+                 "zero_stage": 2, "energy_diagnostics": True},
     "resources": {"num_workers": 2, "cpus_per_worker": 1},
 }
 
@@ -93,6 +95,16 @@ def test_run_trains_and_tracks_every_trial(services, tmp_path):
         assert m["val_perplexity"] == pytest.approx(math.exp(m["val_loss"]), rel=1e-6)
         assert 1 < m["test_perplexity"] < m["unigram_test_perplexity"] * 1.5
         assert m["tokens_per_s"] > 0
+        cfg = spec.resolve_model("nano", variant)
+        assert m["flops_per_token"] == pytest.approx(flops_per_token(cfg, 64))
+        assert m["flops_per_s"] == pytest.approx(m["tokens_per_s"] * m["flops_per_token"])
+        if variant == "cem":  # energy diagnostics reached MLflow, for every layer and step
+            for layer, name, t in [(0, "attn", 0), (1, "attn", 2), (1, "mlp", 2)]:
+                assert math.isfinite(m[f"energy/{name}/layer{layer}/step{t}"])
+            assert m["precond_min_eig/mlp/layer1"] > 0
+            assert "precond_min_eig/attn/layer0/head1" in m
+        else:
+            assert not any(k.startswith("energy/") for k in m)
 
         loss = [x.value for x in client.get_metric_history(run.info.run_id, "loss")]
         assert len(loss) == steps

@@ -96,15 +96,19 @@ class CEMAttention(nn.Module):
                 need_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention outputs o = sum_j p_ij v_j (B, K, T, Dh [+ D]) and optionally p."""
         q = self._heads(self.q_proj(u))
-        diag = self._diag()
-        v = k
-        if diag is not None:  # fold h~ᵀ D_k u into the dot product: [q, D_k u] . [k, h~]
-            b, t, d = u.shape
-            q = torch.cat([q, u[:, None] * diag[None, :, None, :]], dim=-1)
-            k = torch.cat([k, h_norm[:, None].expand(b, self.n_head, t, d)], dim=-1)
-            if self.cfg.energy_exact:
-                v = k
         scale = 1 / math.sqrt(self.d_head)
+        v = k
+        if self.kq_diag is not None:
+            b, t, d = u.shape
+            hn = h_norm[:, None].expand(b, self.n_head, t, d)  # (B, K, T, D)
+            if self.kq_diag.dim() == 1:  # shared: h~_jᵀ D u_i is one (B, T, T) term for all heads
+                diag_scores = (u * self.kq_diag) @ h_norm.transpose(-1, -2) * scale
+                bias = bias + diag_scores[:, None]
+            else:  # per head: fold into the dot product, [q, D_k u] . [k, h~]
+                q = torch.cat([q, u[:, None] * self.kq_diag[None, :, None, :]], dim=-1)
+                k = torch.cat([k, hn], dim=-1)
+            if self.cfg.energy_exact:
+                v = torch.cat([v, hn], dim=-1)
         if self.use_sdpa and not need_probs:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), None
         p = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
@@ -243,10 +247,9 @@ class CEMMLP(nn.Module):
 
     def iterates(self, h: torch.Tensor) -> list[torch.Tensor]:
         """x^(0) = h, ..., x^(T), each (B, T, D)."""
-        xs = [h]
-        gamma = self.gate_proj(self.norm(h))  # (B, T, d_mlp), fixed
+        xs, gamma = [h], None
         for _ in range(self.cfg.mlp_steps):
-            if self.cfg.layer_reuse:
+            if gamma is None or self.cfg.layer_reuse:  # fixed: gamma = W norm(h), (B, T, d_mlp)
                 gamma = self.gate_proj(self.norm(xs[-1]))
             xs.append(xs[-1] + self.step_size * self.direction(xs[-1], gamma))
         return xs

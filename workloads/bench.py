@@ -1,0 +1,89 @@
+"""Forward+backward throughput of every variant at equal dimensions.
+
+    python -m workloads.bench --preset micro [--batch 8] [--seconds 3] [--json-out FILE]
+
+Prints a table (tokens/s, step time relative to Llama, achieved GFLOP/s from the analytic
+``flops_per_token``) and the same rows as JSON. Targets on CPU: CEM attention at T = 1 no
+slower than 0.9x Llama's step time, the full ``cem-*`` configuration (T = 2) no slower than 1.5x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
+from workloads.models.config import CEM_BEST
+
+VARIANTS: dict[str, dict] = {
+    "llama": {},
+    "llama-alibi": {"position": "alibi"},
+    "cem-attn T=1": {"attention": "cem"},
+    "cem-mlp T=1": {"mlp": "cem"},
+    "cem T=1": {"attention": "cem", "mlp": "cem"},
+    "cem-best T=2": CEM_BEST,
+}
+
+
+def measure(cfg: ModelConfig, batch: int, seconds: float) -> float:
+    """Seconds per forward+backward step on (batch, context_length) tokens (median of runs)."""
+    model = build_model(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
+
+    def step() -> None:
+        logits = model(idx[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten()).backward()
+
+    for _ in range(2):
+        step()  # warm-up
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 3:
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def run(preset: str, batch: int, seconds: float) -> list[dict]:
+    rows, llama_time = [], None
+    for name, overrides in VARIANTS.items():
+        cfg = ModelConfig.from_preset(preset, **overrides)
+        t = measure(cfg, batch, seconds)
+        tokens = batch * cfg.context_length
+        llama_time = llama_time or t
+        rows.append({"variant": name, "params": count_parameters(build_model(cfg))["total"],
+                     "step_ms": 1000 * t, "tokens_per_s": tokens / t,
+                     "step_time_vs_llama": t / llama_time,
+                     "gflops_per_s": flops_per_token(cfg, cfg.context_length) * tokens / t / 1e9})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    from orchestrator.table import format_table
+
+    parser = argparse.ArgumentParser(prog="python -m workloads.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="micro")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=3.0, help="timing per variant")
+    parser.add_argument("--json-out", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    rows = run(args.preset, args.batch, args.seconds)
+    cfg = ModelConfig.from_preset(args.preset)
+    print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
+          f"context {cfg.context_length}), batch {args.batch}, {torch.get_num_threads()} threads")
+    print(format_table([{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+                        for r in rows], list(rows[0])))
+    print(json.dumps(rows))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
