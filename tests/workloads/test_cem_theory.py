@@ -43,7 +43,7 @@ def make(cls, seed: int, positive_norm: bool = False, **overrides):
     return layer
 
 
-def descent_step(layer, x, h, eta, precond=None, per_head=True):
+def descent_step(layer, x, h, eta, precond=None):
     """x + eta sum_k P_k (-grad_u eps_k(u)), u = norm(x), by autograd on ``layer.energy``."""
     u = layer.norm(x).detach().requires_grad_(True)
     h_norm = layer.norm(h)
