@@ -25,11 +25,11 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(map(str, o.values())))
-@pytest.mark.parametrize("seq_len", [16, 48])
+@pytest.mark.parametrize("seq_len", [32, 64])
 def test_flops_per_token_matches_the_flop_counter(overrides, seq_len):
     cfg = ModelConfig(**BASE, **overrides)
     model = build_model(cfg)
-    idx = torch.randint(0, cfg.vocab_size, (2, seq_len))
+    idx = torch.randint(0, cfg.vocab_size, (16, seq_len))  # amortises weight-only products
     # The math SDPA backend decomposes attention into matmuls the counter sees.
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(idx).sum().backward()

@@ -153,17 +153,26 @@ class CEMAttention(nn.Module):
             out = out + cov_h.transpose(1, 2) * diag
         return self.step_size / math.sqrt(self.d_head) * out
 
+    def output_weight(self) -> torch.Tensor:
+        """(K*Dh, D): rows W^Q_k P_k, so that sum_k P_k W^Q_kᵀ o_k = o_flat @ output_weight().
+
+        P_k is symmetric, so the preconditioner folds into the weights once per forward pass
+        instead of acting on every token.
+        """
+        if self.precond is None:
+            return self.q_proj.weight
+        w = self._w(self.q_proj).transpose(0, 1)  # (Dh, K, D): row vectors per head
+        return self.precond(w).transpose(0, 1).reshape(-1, w.shape[-1])
+
     def direction(self, x: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor,
                   bias: torch.Tensor) -> torch.Tensor:
         """The update direction at iterate ``x`` (B, T, D): sum_k P_k (g_k [+ Newton term])."""
         u = self.norm(x)
         newton = self.cfg.update == "newton"
         o, p = self._attend(u, h_norm, k, bias, need_probs=newton)
-        if self.precond is None and not newton:
-            if o.shape[-1] == self.d_head:  # the common case: one matmul with W^Q
-                b, _, t, _ = o.shape
-                return o.transpose(1, 2).reshape(b, t, -1) @ self.q_proj.weight
-            return self._to_model_space(o).sum(2)
+        if not newton and o.shape[-1] == self.d_head:  # values in head space: one matmul
+            b, _, t, _ = o.shape
+            return o.transpose(1, 2).reshape(b, t, -1) @ self.output_weight()
         g_heads = self._to_model_space(o)  # (B, T, K, D)
         if newton:
             g_heads = g_heads + self.newton_correction(g_heads.sum(2), p, h_norm, k)
@@ -240,10 +249,14 @@ class CEMMLP(nn.Module):
             cfg.mlp_preconditioner, cfg.d_model, cfg.mlp_precond_rank,
             psd=cfg.preconditioner_psd))
 
+    def down_weight(self) -> torch.Tensor:
+        """(d_mlp, D): V P, so that P Vᵀ a = a @ down_weight() (P symmetric, folded once)."""
+        v = self.up_proj.weight
+        return v if self.precond is None else self.precond(v[:, None, :])[:, 0, :]
+
     def direction(self, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
         """P Vᵀ (gamma ∘ SiLU(V norm(x))), shape (B, T, D)."""
-        g = (gamma * F.silu(self.up_proj(self.norm(x)))) @ self.up_proj.weight
-        return g if self.precond is None else self.precond(g[..., None, :])[..., 0, :]
+        return (gamma * F.silu(self.up_proj(self.norm(x)))) @ self.down_weight()
 
     def iterates(self, h: torch.Tensor) -> list[torch.Tensor]:
         """x^(0) = h, ..., x^(T), each (B, T, D)."""
