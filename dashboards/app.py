@@ -9,8 +9,14 @@ from __future__ import annotations
 import streamlit as st
 from mlflow import MlflowClient
 
-from dashboards.mlflow_reads import experiment_names, metric_history, runs_frame, tracking_uri
-from dashboards.plots import metric_curves, perplexity_vs_parameters
+from dashboards.mlflow_reads import (
+    energy_frame,
+    experiment_names,
+    metric_history,
+    runs_frame,
+    tracking_uri,
+)
+from dashboards.plots import energy_descent, metric_curves, perplexity_vs_parameters
 
 st.set_page_config(page_title="CEM Lab", layout="wide")
 st.title("CEM Lab: energy-minimization layers vs Llama")
@@ -42,3 +48,9 @@ for metric in ("loss", "val_perplexity"):
     history = metric_history(client, list(labels), metric)
     if not history.empty:
         st.plotly_chart(metric_curves(history, labels, metric))
+
+energies = {rid: energy_frame(client, rid) for rid in labels}
+with_energies = [rid for rid, frame in energies.items() if not frame.empty]
+if with_energies:
+    chosen = st.selectbox("Energy diagnostics of run", with_energies, format_func=labels.get)
+    st.plotly_chart(energy_descent(energies[chosen]))

@@ -43,6 +43,21 @@ def runs_frame(client: MlflowClient, experiment_name: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=RUN_COLUMNS)
 
 
+def energy_frame(client: MlflowClient, run_id: str) -> pd.DataFrame:
+    """Latest energy diagnostics of a run: columns ``sublayer, layer, step, energy``.
+
+    Reads the ``energy/{attn,mlp}/layer{l}/step{t}`` metrics (empty without diagnostics).
+    """
+    rows = []
+    for key, value in client.get_run(run_id).data.metrics.items():
+        parts = key.split("/")
+        if len(parts) == 4 and parts[0] == "energy":
+            rows.append({"sublayer": parts[1], "layer": int(parts[2].removeprefix("layer")),
+                         "step": int(parts[3].removeprefix("step")), "energy": value})
+    return pd.DataFrame(rows, columns=["sublayer", "layer", "step", "energy"]).sort_values(
+        ["sublayer", "layer", "step"], ignore_index=True)
+
+
 def metric_history(client: MlflowClient, run_ids: list[str], key: str) -> pd.DataFrame:
     """Columns ``run_id, step, value`` of metric ``key`` over the given runs."""
     rows = [{"run_id": rid, "step": m.step, "value": m.value}

@@ -29,6 +29,18 @@ def perplexity_vs_parameters(runs: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def energy_descent(energies: pd.DataFrame) -> go.Figure:
+    """Mean energy of each CEM sublayer at every iterate x^(0..T), one line per layer and
+    sublayer: a line that falls is a step that descends its energy (Eq. 1 / Eq. 7)."""
+    frame = energies.assign(layer=energies["layer"].map(lambda v: f"layer {v}"))
+    fig = px.line(frame, x="step", y="energy", color="layer", facet_col="sublayer", markers=True,
+                  labels={"step": "iterate t", "energy": "mean energy"},
+                  title="Energy at each recursion step (does each step descend?)")
+    fig.update_yaxes(matches=None)
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
 def metric_curves(history: pd.DataFrame, names: dict[str, str], metric: str) -> go.Figure:
     """One line per run of ``metric`` over optimizer steps; ``names`` maps run_id -> label."""
     frame = history.assign(run=history["run_id"].map(names))

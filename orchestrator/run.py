@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import ray
@@ -82,7 +83,9 @@ def run_experiment(spec: ExperimentSpec) -> bool:
     uri = settings.tracking_uri()
     client = MlflowClient(uri)
     exp_id = tracking.experiment_id(client, spec.name)
-    ray.init(log_to_driver=True)
+    # Inside `ray job submit` RAY_ADDRESS names the cluster; otherwise start a local instance
+    # rather than attach to whatever cluster last ran on this machine (possibly a dead one).
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
     ok = True
     for i, trial in enumerate(trials, 1):
         label = f"[cemlab] trial {i}/{len(trials)} {trial.variant}@{trial.size} ({trial.trial_id})"

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -125,17 +124,23 @@ def evaluate(engine, dataset: PackedSequences, micro_batch_size: int,
 
 
 def diagnose(engine, dataset: PackedSequences, job: TrainJob) -> dict[str, float]:
-    """``energy_diagnostics`` of the model on the first validation micro-batch (every rank runs
-    it; with ZeRO-3 the parameters are gathered first)."""
-    import deepspeed
+    """``energy_diagnostics`` of the model on the first validation micro-batch.
 
+    Every rank runs it. With ZeRO-3 the parameters are partitioned: they are gathered once and
+    copied into a plain replica, whose sublayers can then be called outside DeepSpeed's hooks.
+    """
     x = torch.stack([dataset[i][0] for i in range(min(job.micro_batch_size, len(dataset)))])
-    gathered = (deepspeed.zero.GatheredParameters(list(engine.module.parameters()))
-                if job.zero_stage == 3 else contextlib.nullcontext())
-    engine.eval()
-    with gathered:
-        out = energy_diagnostics(engine.module, x.to(engine.device))
-    engine.train()
+    model = engine.module
+    if job.zero_stage == 3:
+        import deepspeed
+
+        model = build_model(ModelConfig(**job.model)).to(engine.device)
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            model.load_state_dict({n: p.detach() for n, p in engine.module.named_parameters()},
+                                  strict=False)
+    model.eval()
+    out = energy_diagnostics(model, x.to(engine.device))
+    model.train()
     return out
 
 

@@ -8,7 +8,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from streamlit.testing.v1 import AppTest
 
-from dashboards.plots import family, perplexity_vs_parameters
+from dashboards.mlflow_reads import energy_frame
+from dashboards.plots import energy_descent, family, perplexity_vs_parameters
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
 RUNS = {  # variant: (attention, mlp, params_total, test_perplexity)
@@ -36,6 +37,9 @@ def fill(client: MlflowClient) -> None:
         metrics += [Metric("loss", 7 - math.log(s), 0, s) for s in range(1, 51)]
         metrics += [Metric("val_perplexity", ppl * 1.1, 0, 25),
                     Metric("val_perplexity", ppl, 0, 50)]
+        if attention == "cem":  # energy diagnostics of a T = 2 run
+            metrics += [Metric(f"energy/{sub}/layer{layer}/step{t}", -t - layer, 0, 50)
+                        for sub in ("attn", "mlp") for layer in range(2) for t in range(3)]
         client.log_batch(run.info.run_id, metrics=metrics)
         client.set_terminated(run.info.run_id)
 
@@ -50,14 +54,28 @@ def test_dashboard_shows_runs_and_perplexity_vs_parameters(store):
     assert dict(zip(table["variant"], table["test_perplexity"])) == {
         v: r[3] for v, r in RUNS.items()}
     charts = at.get("plotly_chart")
-    assert len(charts) == 3  # perplexity vs parameters, loss curves, validation curves
+    # perplexity vs parameters, loss curves, validation curves, energy descent
+    assert len(charts) == 4
     assert "594.5" in at.caption[0].value
+    assert sorted(at.main.selectbox[0].options) == ["cem-attn@micro", "cem@micro"]
 
 
 def test_dashboard_without_runs_says_how_to_get_some(store):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
     assert "make demo" in at.info[0].value
+
+
+def test_energy_descent_has_a_line_per_layer_and_sublayer(store):
+    fill(store)
+    run = next(r for r in store.search_runs([store.get_experiment_by_name("demo").experiment_id])
+               if r.info.run_name == "cem@micro")
+    frame = energy_frame(store, run.info.run_id)
+    assert len(frame) == 2 * 2 * 3
+    assert frame[(frame.sublayer == "attn") & (frame.layer == 1)]["energy"].tolist() == [-1, -2, -3]
+    fig = energy_descent(frame)
+    assert len(fig.data) == 4  # 2 layers x 2 sublayer facets
+    assert all(list(trace.x) == [0, 1, 2] for trace in fig.data)
 
 
 def test_perplexity_vs_parameters_has_one_trace_per_family():
