@@ -236,7 +236,9 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
         if "tokens_per_s" in metrics:
             sink.flush()
         if step % job.eval_interval == 0 and step < total_steps:
+            paused = time.perf_counter()
             ray.train.report({"step": step, **validate(step)})
+            interval_start += time.perf_counter() - paused  # tokens/s counts training time only
 
     final = validate(total_steps)
     nll, n = evaluate(engine, corpus.dataset("test", cfg.context_length), job.micro_batch_size)
