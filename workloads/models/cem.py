@@ -156,8 +156,8 @@ class CEMAttention(nn.Module):
     def output_weight(self) -> torch.Tensor:
         """(K*Dh, D): rows W^Q_k P_k, so that sum_k P_k W^Q_kᵀ o_k = o_flat @ output_weight().
 
-        P_k is symmetric, so the preconditioner folds into the weights once per forward pass
-        instead of acting on every token.
+        P_k is symmetric, so the preconditioner folds into the weights (a weight-only product
+        per step) instead of acting on every token.
         """
         if self.precond is None:
             return self.q_proj.weight
@@ -250,7 +250,8 @@ class CEMMLP(nn.Module):
             psd=cfg.preconditioner_psd))
 
     def down_weight(self) -> torch.Tensor:
-        """(d_mlp, D): V P, so that P Vᵀ a = a @ down_weight() (P symmetric, folded once)."""
+        """(d_mlp, D): V P, so that P Vᵀ a = a @ down_weight() (P symmetric: folded into the
+        weights per step instead of acting on every token)."""
         v = self.up_proj.weight
         return v if self.precond is None else self.precond(v[:, None, :])[:, 0, :]
 

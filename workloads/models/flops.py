@@ -20,7 +20,7 @@ def _attention_forward(cfg: ModelConfig, seq_len: int) -> int:
     # Scores q.k over all heads, plus h~ᵀ D u: once when shared, folded into each head otherwise.
     qk_width = k * dh + {"none": 0, "shared": d, "per_head": k * d}[cfg.kq_diag]
     v_width = k * (dh + (d if diag and cfg.energy_exact else 0))
-    # P_k folds into the output weights (once per forward pass: not per token) unless the
+    # P_k folds into the output weights (a weight-only product, not per token) unless the
     # directions are formed per head in model space (exact value path with a diagonal, Newton).
     per_head = cfg.update == "newton" or (diag and cfg.energy_exact)
     step = (2 * d * d  # q_proj
@@ -39,7 +39,7 @@ def _mlp_forward(cfg: ModelConfig) -> int:
     d, f = cfg.d_model, cfg.d_mlp
     if cfg.mlp == "llama":
         return cfg.mlp_steps * 6 * d * f  # gate, up, down
-    step = 4 * d * f  # V u and (V P)ᵀ a: P folds into V once per forward pass
+    step = 4 * d * f  # V u and (V P)ᵀ a: P folds into V, not per token
     gamma = 2 * d * f  # gamma = W h~, once (every step with plain reuse)
     return cfg.mlp_steps * (step + (gamma if cfg.layer_reuse else 0)) + (
         0 if cfg.layer_reuse else gamma)
