@@ -11,6 +11,7 @@ import torch
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
+from workloads.train import steps_for
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,9 @@ def plan_trials(spec: ExperimentSpec, vocab_size: int | None = None) -> list[Tri
             model = spec.resolve_model(size, variant)
             if vocab_size is not None:
                 model = ModelConfig(**{**model.to_dict(), "vocab_size": vocab_size})
-            tokens_per_step = spec.training.batch_size * model.context_length
-            steps = -(-spec.training.tokens // tokens_per_step)
-            tokens = steps * tokens_per_step
+            steps = steps_for(spec.training.tokens, spec.training.batch_size,
+                              model.context_length)
+            tokens = steps * spec.training.batch_size * model.context_length
             trials.append(Trial(trial_id(spec, model), variant, size, model,
                                 parameter_counts(model), tokens, steps,
                                 flops_per_token(model, model.context_length) * tokens))

@@ -19,17 +19,17 @@ class MetricSink:
         self._buffer: list = []
         self._client = None
         if self.run_id:
-            from mlflow import MlflowClient  # lazily: the models must import with torch alone
+            # Imported here: workloads must import without mlflow.
+            from mlflow import MlflowClient
+            from mlflow.entities import Metric
 
-            self._client = MlflowClient(tracking_uri)
+            self._client, self._metric = MlflowClient(tracking_uri), Metric
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._client is None:
             return
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
+        self._buffer.extend(self._metric(k, float(v), now, step) for k, v in metrics.items())
 
     def flush(self) -> None:
         while self._buffer and self._client is not None:

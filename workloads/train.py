@@ -36,6 +36,11 @@ from workloads.optim import (
 log = logging.getLogger("cemlab.train")
 
 
+def steps_for(tokens: int, batch_size: int, seq_len: int) -> int:
+    """Optimizer steps of ``batch_size`` sequences of ``seq_len`` that cover ``tokens`` (ceil)."""
+    return math.ceil(tokens / (batch_size * seq_len))
+
+
 @dataclass(frozen=True)
 class TrainJob:
     """Everything one trial's workers need, as plain data (it travels to Ray workers).
@@ -77,7 +82,7 @@ class TrainJob:
     @property
     def total_steps(self) -> int:
         """Optimizer steps that cover the token budget (rounded up)."""
-        return math.ceil(self.tokens / (self.batch_size * self.model["context_length"]))
+        return steps_for(self.tokens, self.batch_size, self.model["context_length"])
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

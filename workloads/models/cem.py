@@ -197,9 +197,8 @@ class CEMAttention(nn.Module):
             return xs
         h_norm, k = self.fixed_side(h)
         uses_velocity = cfg.update in ("momentum", "nesterov")
-        velocity = None
-        if uses_velocity and cfg.momentum_scope == "layer" and carry is not None:
-            velocity = carry.get(VELOCITY)
+        carried = uses_velocity and cfg.momentum_scope == "layer" and carry is not None
+        velocity = carry.get(VELOCITY) if carried else None
         x = h
         for _ in range(cfg.attn_steps):
             if not uses_velocity:
@@ -210,7 +209,7 @@ class CEMAttention(nn.Module):
                 velocity = mu_v + self.direction(at, h_norm, k, bias)
                 x = x + eta * velocity
             xs.append(x)
-        if uses_velocity and cfg.momentum_scope == "layer" and carry is not None:
+        if carried:
             carry[VELOCITY] = velocity
         return xs
 
