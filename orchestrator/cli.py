@@ -1,25 +1,48 @@
-"""``python -m orchestrator {plan,run} SPEC``."""
+"""``python -m orchestrator {plan,run,status,results,models} ...``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 
 from orchestrator.spec import SpecError, load_spec
 
+REL_TOLERANCE = 1e-3  # `models eval` must reproduce the registered test perplexity this closely
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator",
+                                     description="CEM Lab experiments: plan, run, analyse.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="print the grid of trials and wall estimates; trains nothing")
+    p.add_argument("spec", help="path of the experiment YAML")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip the measured calibration step (no wall-time estimate)")
+    p = sub.add_parser("run", help="run every unfinished trial (Ray Tune + Train + DeepSpeed)")
+    p.add_argument("spec", help="path of the experiment YAML")
+    p = sub.add_parser("status", help="progress of one experiment, or of all of them")
+    p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
+    p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
+    p.add_argument("spec", help="path of the experiment YAML")
+    p = sub.add_parser("models", help="the model registry: list | show REF | eval REF")
+    p.add_argument("action", choices=["list", "show", "eval"])
+    p.add_argument("ref", nargs="?", help="NAME[@ALIAS] or NAME/VERSION (default alias: best)")
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator",
-                                     description="CEM Lab experiments: plan and run specs.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_plan = sub.add_parser("plan", help="print the trials a spec would run; runs nothing")
-    p_plan.add_argument("spec", help="path of the experiment YAML")
-    p_run = sub.add_parser("run", help="train every trial of a spec (Ray Train + DeepSpeed)")
-    p_run.add_argument("spec", help="path of the experiment YAML")
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
+    if args.command == "models":
+        if args.action != "list" and not args.ref:
+            parser.error(f"models {args.action} needs a model reference NAME[@ALIAS]")
+        return _models(args.action, args.ref)
+    if args.command == "status" and args.spec is None:
+        return _status_all()
     try:
         spec = load_spec(args.spec)
     except SpecError as e:
@@ -27,13 +50,87 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.command == "plan":
+        from orchestrator.calibrate import estimate_wall_s, local_concurrency
         from orchestrator.plan import format_plan, plan_trials
 
-        print(format_plan(spec, plan_trials(spec)))
+        trials = plan_trials(spec)
+        wall = None if args.no_calibrate else estimate_wall_s(spec, trials)
+        print(format_plan(spec, trials, wall, local_concurrency(spec, os.cpu_count() or 1)))
         return 0
-    from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
+    if args.command == "run":
+        from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
 
-    return 0 if run_experiment(spec) else 1
+        return 0 if run_experiment(spec, Path(args.spec).read_text()) else 1
+    from orchestrator import settings
+    from orchestrator.ledger import Ledger
+    from orchestrator.results import experiment_rows, format_optima, metric_name, optima
+
+    ledger = Ledger(settings.ledger_url())
+    rows = experiment_rows(spec, ledger)
+    if args.command == "status":
+        from orchestrator.plan import plan_trials
+        from orchestrator.results import format_status
+
+        print(format_status(spec, rows, len(plan_trials(spec))))
+        return 0
+    table = optima(spec, rows)
+    if not table:
+        print(f"no finished trial of '{spec.name}' yet (python -m orchestrator status "
+              f"{args.spec})", file=sys.stderr)
+        return 1
+    print(f"Akima optima over log2(LR) of {metric_name(spec)}, experiment '{spec.name}'")
+    print(format_optima(table, metric_name(spec).removeprefix("test_")))
+    return 0
+
+
+def _status_all() -> int:
+    from orchestrator import settings
+    from orchestrator.ledger import Ledger
+    from orchestrator.table import format_table
+
+    ledger = Ledger(settings.ledger_url())
+    rows = []
+    for e in ledger.experiments():
+        trials = ledger.trials(e.id)
+        rows.append({"experiment": e.name, "workload": e.workload, "trials": len(trials),
+                     **{st.lower(): sum(t.status == st for t in trials)
+                        for st in ("FINISHED", "RUNNING", "PENDING", "FAILED")},
+                     "updated": e.updated_at.strftime("%Y-%m-%d %H:%M:%S")})
+    print(format_table(rows, list(rows[0])) if rows else "no experiments in the ledger yet")
+    return 0
+
+
+def _models(action: str, ref: str | None) -> int:
+    from mlflow import MlflowClient
+
+    from orchestrator import registry, settings
+    from orchestrator.table import format_table
+
+    client = MlflowClient(settings.tracking_uri())
+    if action == "list":
+        rows = registry.list_rows(client)
+        print(format_table(rows, list(rows[0])) if rows else "no registered cemlab models yet")
+        return 0
+    try:
+        version = registry.resolve(client, ref)
+    except LookupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if action == "show":
+        print(f"{version.name} version {version.version} (run {version.run_id})")
+        aliases = ", ".join(version.aliases) or "-"
+        print(f"aliases: {aliases}\nsource: {version.source}")
+        for k, v in sorted(version.tags.items()):
+            print(f"  {k}: {v}")
+        return 0
+    recomputed, registered = registry.evaluate_version(version, settings.tracking_uri(),
+                                                           settings.data_dir())
+    rel = abs(recomputed - registered) / registered
+    ok = rel <= REL_TOLERANCE
+    print(f"{version.name} version {version.version}: test perplexity {recomputed:.4f} "
+          f"recomputed, {registered:.4f} registered, relative difference {rel:.2e} "
+          f"({'within' if ok else 'OUTSIDE'} {REL_TOLERANCE:g})")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

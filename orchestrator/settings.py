@@ -29,3 +29,18 @@ def tracking_uri() -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     log.warning("MLFLOW_TRACKING_URI is not set: tracking to %s", path)
     return f"sqlite:///{path}"
+
+
+def ledger_url() -> str:
+    """SQLAlchemy URL of the experiment ledger: ``$CEMLAB_LEDGER_URL`` (``make up`` sets it to
+    MLflow's backend store), else the tracking URI when it is a database, else the embedded
+    SQLite store under ``cemlab_home()``."""
+    url = os.environ.get("CEMLAB_LEDGER_URL")
+    if url:
+        return url
+    uri = tracking_uri()
+    if uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
+        return uri
+    path = cemlab_home() / "mlflow.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"

@@ -46,9 +46,11 @@ class _Strict(BaseModel):
 
 
 def _overrides_model() -> type[BaseModel]:
-    """A strict pydantic model with every ``ModelConfig`` field, all optional."""
+    """A strict pydantic model with every ``ModelConfig`` field, all optional, plus
+    ``d_mlp_scale``: multiply the size preset's ``d_mlp`` (parameter-matched CEM MLPs, Fig. 2b)."""
     hints = typing.get_type_hints(ModelConfig)
     fields = {f.name: (hints[f.name] | None, None) for f in dataclasses.fields(ModelConfig)}
+    fields["d_mlp_scale"] = (float | None, Field(None, gt=0))
     return create_model("ModelOverrides", __base__=_Strict, **fields)
 
 
@@ -56,10 +58,17 @@ ModelOverrides = _overrides_model()
 
 
 class DataSpec(_Strict):
-    """The corpus: ``shakespeare`` (embedded default) or local ``text_files`` (a glob)."""
+    """The corpus: ``shakespeare`` (embedded default), local ``text_files`` (a glob) or
+    ``slimpajama`` (streamed from the Hugging Face hub, ``max_documents`` of it).
 
-    source: Literal["shakespeare", "text_files"] = "shakespeare"
+    ``tokenizer``: a pretrained Hugging Face tokenizer (e.g. the paper's
+    ``hf-internal-testing/llama-tokenizer``); unset trains a byte-level BPE of ``vocab_size``.
+    """
+
+    source: Literal["shakespeare", "text_files", "slimpajama"] = "shakespeare"
     paths: str | None = Field(None, validate_default=True)
+    max_documents: int | None = Field(None, gt=0)
+    tokenizer: str | None = None
     vocab_size: int = Field(4096, ge=258, le=2**20)
     val_fraction: float = Field(0.05, gt=0, lt=0.5)
     test_fraction: float = Field(0.05, gt=0, lt=0.5)
@@ -81,12 +90,19 @@ class DataSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
-    """Token budget, batch geometry, optimizer (paper Table 2 defaults), evaluation, engine."""
+    """Token budget, batch geometry, optimizer (paper Table 2 defaults), evaluation, engine.
 
-    tokens: int = Field(gt=0, description="training tokens per trial")
-    batch_size: int = Field(16, gt=0, description="global batch, sequences per optimizer step")
-    micro_batch_size: int = Field(8, gt=0, description="sequences per worker per forward pass")
-    lr: float = Field(OptimConfig.lr, gt=0)
+    Budget: ``tokens`` when given, else Chinchilla, ``tokens_per_param`` x the total parameters of
+    the Llama baseline of the trial's size x ``budget_scale`` (the CEM twin gets the same tokens).
+    Batch: ``batch_size`` sequences per optimizer step over all workers; each worker runs
+    micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
+    """
+
+    tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")
+    tokens_per_param: float = Field(20.0, gt=0, description="Chinchilla tokens per parameter")
+    budget_scale: float = Field(1.0, gt=0, description="multiplies the Chinchilla budget (CPU)")
+    batch_size: int = Field(128, gt=0, description="global batch, sequences per optimizer step")
+    micro_batch_size: int = Field(8, gt=0, description="most sequences per worker per pass")
     beta1: float = Field(OptimConfig.beta1, ge=0, lt=1)
     beta2: float = Field(OptimConfig.beta2, ge=0, lt=1)
     eps: float = Field(OptimConfig.eps, gt=0)
@@ -94,30 +110,60 @@ class TrainingSpec(_Strict):
     grad_clip: float = Field(OptimConfig.grad_clip, gt=0)
     warmup_fraction: float = Field(OptimConfig.warmup_fraction, ge=0, lt=1)
     final_lr_fraction: float = Field(OptimConfig.final_lr_fraction, ge=0, le=1)
-    eval_interval: int = Field(50, gt=0, description="optimizer steps between validations")
+    eval_interval: int = Field(50, gt=0, description="optimizer steps between validations "
+                               "(and checkpoints)")
     eval_sequences: int = Field(128, gt=0, description="validation sequences per evaluation")
     log_interval: int = Field(10, gt=0)
     energy_diagnostics: bool = Field(
         False, description="log per-layer per-step energies and preconditioner eigenvalues")
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    seed: int = 0
 
-    def optim_config(self) -> OptimConfig:
-        return OptimConfig(**{f.name: getattr(self, f.name)
-                              for f in dataclasses.fields(OptimConfig)})
+    def optim_config(self, lr: float) -> OptimConfig:
+        return OptimConfig(lr=lr, **{f.name: getattr(self, f.name)
+                                     for f in dataclasses.fields(OptimConfig) if f.name != "lr"})
+
+    def micro_batch(self, num_workers: int) -> tuple[int, int]:
+        """``(micro_batch_size, grad_accum)`` per worker for ``num_workers`` workers: the largest
+        micro-batch <= ``micro_batch_size`` that divides the worker's share of the global batch."""
+        share = self.batch_size // num_workers
+        micro = max(m for m in range(1, min(share, self.micro_batch_size) + 1) if share % m == 0)
+        return micro, share // micro
+
+
+class GPSpec(_Strict):
+    """The synthetic Gaussian-process regression study (paper App. D, Table 3).
+
+    Inputs x ~ N(0, I) in ``input_dim`` dimensions; targets f(x) + noise with f drawn jointly from
+    a zero-mean GP with each kernel of ``kernels`` (``rbf``: squared exponential with length scale
+    sqrt(input_dim); ``nonstationary``: Gibbs kernel whose length scale varies with x).
+    """
+
+    kernels: list[Literal["rbf", "nonstationary"]] = Field(["rbf", "nonstationary"],
+                                                           min_length=1)
+    input_dim: int = Field(10, gt=0)
+    n_train: int = Field(2048, gt=0)
+    n_val: int = Field(256, gt=0)
+    n_test: int = Field(512, gt=0)
+    noise_std: float = Field(0.05, ge=0)
+    steps: int = Field(2000, gt=0, description="optimizer steps per trial")
+    data_seed: int = 0
 
 
 class ResourcesSpec(_Strict):
-    """Ray Train workers of one trial."""
+    """Ray Train workers of one trial; Ray Tune runs as many trials at once as the cluster fits."""
 
     num_workers: int = Field(2, gt=0)
     cpus_per_worker: int = Field(1, gt=0)
     use_gpu: bool = False
 
 
+PAPER_LEARNING_RATES = [0.0005, 0.001, 0.002, 0.004, 0.008]
+
+
 class ExperimentSpec(_Strict):
-    """One experiment: every size x variant is a trial, each one MLflow run.
+    """One experiment: every size x variant x learning rate x seed is a trial (x kernel for the
+    GP workload), each a Ray Train run under Ray Tune and a nested MLflow run.
 
     ``variants`` maps a name to ``ModelConfig`` overrides (e.g. ``{attention: cem}``);
     ``sizes`` are preset names (``micro``, ``llama-134m``, ...).
@@ -125,11 +171,31 @@ class ExperimentSpec(_Strict):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     description: str = ""
+    workload: Literal["language_model", "gp_regression"] = "language_model"
     data: DataSpec = DataSpec()
+    gp: GPSpec = GPSpec()
     sizes: list[str] = Field(min_length=1)
     variants: dict[str, ModelOverrides] = Field(min_length=1)  # type: ignore[valid-type]
-    training: TrainingSpec
+    learning_rates: list[float] = Field(PAPER_LEARNING_RATES, min_length=1)
+    seeds: list[int] = Field([0], min_length=1)
+    training: TrainingSpec = TrainingSpec()
     resources: ResourcesSpec = ResourcesSpec()
+
+    @field_validator("learning_rates")
+    @classmethod
+    def _positive_distinct(cls, lrs: list[float]) -> list[float]:
+        if any(lr <= 0 for lr in lrs):
+            raise ValueError("every learning rate must be > 0")
+        if len(set(lrs)) != len(lrs):
+            raise ValueError("learning rates must be distinct")
+        return sorted(lrs)
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("seeds must be distinct")
+        return seeds
 
     @field_validator("sizes")
     @classmethod
@@ -142,11 +208,12 @@ class ExperimentSpec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentSpec:
-        per_step = self.training.micro_batch_size * self.resources.num_workers
-        if self.training.batch_size % per_step:
+        if self.training.batch_size % self.resources.num_workers:
             raise _FieldError(("training", "batch_size"),
-                              f"{self.training.batch_size} is not a multiple of micro_batch_size"
-                              f" x resources.num_workers = {per_step}")
+                              f"{self.training.batch_size} is not a multiple of "
+                              f"resources.num_workers = {self.resources.num_workers}")
+        if self.data.source == "slimpajama" and not self.data.max_documents:
+            raise _FieldError(("data", "max_documents"), "required when source is slimpajama")
         for size in self.sizes:
             for name in self.variants:
                 try:
@@ -159,7 +226,24 @@ class ExperimentSpec(_Strict):
         """The resolved ``ModelConfig`` of one trial (vocabulary from ``data.vocab_size``)."""
         overrides = self.variants[variant].model_dump(exclude_none=True)
         overrides.setdefault("vocab_size", self.data.vocab_size)
+        scale = overrides.pop("d_mlp_scale", None)
+        if scale is not None:
+            overrides.setdefault("d_mlp", round(PRESETS[size].d_mlp * scale))
         return ModelConfig.from_preset(size, **overrides)
+
+    def baseline_model(self, size: str, vocab_size: int | None = None) -> ModelConfig:
+        """The Llama baseline of ``size`` (the preset's dimensions, Llama sublayers), whose total
+        parameters set the Chinchilla budget."""
+        p = PRESETS[size]
+        return ModelConfig(vocab_size=vocab_size or self.data.vocab_size, d_model=p.d_model,
+                           n_layer=p.n_layer, n_head=p.n_head, d_mlp=p.d_mlp,
+                           context_length=p.context_length)
+
+    def datasets(self) -> list[str]:
+        """The trial datasets: one corpus, or one per GP kernel."""
+        if self.workload == "gp_regression":
+            return [f"gp-{k}" for k in self.gp.kernels]
+        return [self.data.source]
 
 
 def _first_error(e: ValidationError) -> tuple[str, str]:

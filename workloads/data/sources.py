@@ -102,6 +102,51 @@ class ShakespeareSource:
                                                                  errors="replace"))
 
 
+SLIMPAJAMA_DATASET = "gmongaras/SlimPajama-627B_Reupload"  # the paper's copy (App. C.2)
+
+
+class SlimPajamaSource:
+    """The first ``max_documents`` documents of SlimPajama, streamed once with HF ``datasets``
+    (``load_dataset(..., streaming=True)``) into ``cache_dir/slimpajama-<n>.jsonl`` (written to a
+    temporary file, then renamed); later calls read the cache. Ids are stream positions.
+
+    Raises:
+        RuntimeError: the stream cannot be opened (no access to the Hugging Face hub).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, max_documents: int) -> None:
+        self.path = Path(cache_dir) / f"slimpajama-{max_documents}.jsonl"
+        if not self.path.exists():
+            self._fetch(max_documents)
+
+    def _fetch(self, max_documents: int) -> None:
+        import itertools
+        import json
+
+        from datasets import load_dataset
+        from tqdm.auto import tqdm
+
+        try:
+            stream = load_dataset(SLIMPAJAMA_DATASET, split="train", streaming=True)
+            rows = itertools.islice(iter(stream), max_documents)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                for row in tqdm(rows, total=max_documents, desc="streaming SlimPajama",
+                                unit="doc"):
+                    f.write(json.dumps({"text": row["text"]}) + "\n")
+        except (OSError, ConnectionError, ValueError) as e:
+            raise RuntimeError(f"could not stream {SLIMPAJAMA_DATASET}: {e}") from None
+        os.replace(tmp, self.path)
+
+    def documents(self) -> Iterator[Document]:
+        import json
+
+        with open(self.path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                yield Document(doc_id=f"{i:09d}", text=json.loads(line)["text"])
+
+
 def split_documents(doc_ids: list[str], val_fraction: float, test_fraction: float,
                     seed: int = 0) -> dict[str, str]:
     """Deterministic document-level split: ``{doc_id: "train" | "validation" | "test"}``.

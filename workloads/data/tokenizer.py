@@ -53,3 +53,38 @@ def train_tokenizer(train_docs: list[Document], vocab_size: int, cache_dir: str 
     tok.save(str(tmp))
     os.replace(tmp, path)
     return tok, path
+
+
+def pretrained_tokenizer(name: str, cache_dir: str | os.PathLike) -> tuple[Tokenizer, Path]:
+    """The pretrained Hugging Face tokenizer ``name`` (e.g. the paper's Llama tokenizer,
+    ``hf-internal-testing/llama-tokenizer``), fetched once and cached as a JSON file under
+    ``cache_dir`` so that workers load it from disk.
+
+    Raises:
+        RuntimeError: not cached and the hub cannot be reached.
+    """
+    path = Path(cache_dir) / f"tokenizer-{name.replace('/', '--')}.json"
+    if path.exists():
+        return Tokenizer.from_file(str(path)), path
+    try:
+        tok = Tokenizer.from_pretrained(name)
+    except Exception as e:  # tokenizers raises a bare Exception for hub errors
+        raise RuntimeError(f"could not fetch tokenizer {name!r}: {e}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tok.save(str(tmp))
+    os.replace(tmp, path)
+    return tok, path
+
+
+def end_of_text_id(tok: Tokenizer) -> int:
+    """Id of the document separator: ``EOT`` for our BPE, ``</s>`` (Llama) or ``<eos>``.
+
+    Raises:
+        ValueError: the tokenizer has none of them.
+    """
+    for token in (EOT, "</s>", "<eos>"):
+        token_id = tok.token_to_id(token)
+        if token_id is not None:
+            return token_id
+    raise ValueError(f"the tokenizer has no end-of-text token ({EOT}, </s> or <eos>)")

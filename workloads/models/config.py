@@ -158,6 +158,14 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-108m": _paper(672, 12, 12, 1792),
     "llama-134m": _paper(768, 12, 12, 2048),
     "llama-162m": _paper(864, 12, 12, 2304),
+    # The appendix's 256M run: the paper gives no dimensions; these give 256.3M parameters.
+    "llama-256m": _paper(1024, 14, 16, 3072),
 }
 PRESETS.update({f"cem-{name.split('-', 1)[1]}": dataclasses.replace(cfg, **CEM_BEST)
                 for name, cfg in list(PRESETS.items()) if name.startswith("llama-")})
+# GP regression (App. D, Table 3): a stack of CEM MLPs on a d_model-dimensional latent state;
+# only d_model, n_layer, d_mlp and the mlp_* fields matter.
+PRESETS.update({
+    "gp-small": ModelConfig(d_model=32, n_layer=2, n_head=1, d_mlp=128, mlp="cem"),
+    "gp-base": ModelConfig(d_model=64, n_layer=4, n_head=1, d_mlp=256, mlp="cem"),
+})

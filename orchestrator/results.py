@@ -1,0 +1,87 @@
+"""From the ledger to the experiment's results: Akima optima per (dataset, variant, size),
+stored on the MLflow parent run and printed."""
+
+from __future__ import annotations
+
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+from orchestrator.analysis import Point, optima_table
+from orchestrator.ledger import Ledger, TrialRow
+from orchestrator.spec import ExperimentSpec
+from orchestrator.table import format_table
+
+TABLE_ARTIFACT = "akima_optima.json"
+
+
+def metric_name(spec: ExperimentSpec) -> str:
+    """The test metric a trial is judged by: test perplexity, or test RMSE for GP regression."""
+    return "test_rmse" if spec.workload == "gp_regression" else "test_perplexity"
+
+
+def in_grid(spec: ExperimentSpec, row: TrialRow) -> bool:
+    """Whether a ledger row lies on the spec's current grid (a spec edited to a smaller grid
+    keeps its old rows in the ledger, outside the analysis)."""
+    return (row.dataset in spec.datasets() and row.variant in spec.variants
+            and row.size in spec.sizes and row.seed in spec.seeds
+            and any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.learning_rates))
+
+
+def experiment_rows(spec: ExperimentSpec, ledger: Ledger) -> list[TrialRow]:
+    """The ledger rows of ``spec``'s experiment on its current grid (empty if never run)."""
+    exp = ledger.experiment(spec.name)
+    return [r for r in ledger.trials(exp.id) if in_grid(spec, r)] if exp else []
+
+
+def optima(spec: ExperimentSpec, rows: list[TrialRow]) -> list[dict]:
+    """``optima_table`` of the finished rows."""
+    points = [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.metric) for r in rows
+              if r.status == "FINISHED" and r.metric is not None]
+    return optima_table(points, metric_name(spec).removeprefix("test_")) if points else []
+
+
+def store_on_parent(client: MlflowClient, parent_run_id: str, table: list[dict],
+                    metric: str) -> None:
+    """Log the optima as metrics ``<dataset>/<variant>/<size>/opt_lr`` (and ``opt_<metric>``,
+    with ``_std``) and the whole table as artifact ``akima_optima.json`` of the parent run."""
+    now, metrics = 0, []
+    for row in table:
+        prefix = f"{row['dataset']}/{row['variant']}/{row['size']}"
+        for key in ("opt_lr", "opt_lr_std", f"opt_{metric}", f"opt_{metric}_std"):
+            metrics.append(Metric(f"{prefix}/{key}", float(row[key]), now, 0))
+    if metrics:
+        client.log_batch(parent_run_id, metrics=metrics)
+        client.log_table(parent_run_id, data=pd.DataFrame(table), artifact_file=TABLE_ARTIFACT)
+
+
+def format_optima(table: list[dict], metric: str) -> str:
+    """The optima as a terminal table (LR and metric as mean ± std over seeds), then warnings."""
+    rows = [{"dataset": r["dataset"], "variant": r["variant"], "size": r["size"],
+             "seeds": r["seeds"], "LRs": r["lrs"],
+             "optimal LR": _pm(r["opt_lr"], r["opt_lr_std"], "{:.2e}"),
+             f"optimal {metric}": _pm(r[f"opt_{metric}"], r[f"opt_{metric}_std"], "{:.3f}"),
+             f"best tried {metric}": round(r[f"best_tried_{metric}"], 3)} for r in table]
+    out = format_table(rows, list(rows[0]))
+    warnings = [f"warning: {r['variant']}@{r['size']} ({r['dataset']}): {r['warning']}"
+                for r in table if r["warning"]]
+    return "\n".join([out, *warnings])
+
+
+def _pm(mean: float, std: float, fmt: str) -> str:
+    return f"{fmt.format(mean)} ± {fmt.format(std)}"
+
+
+def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> str:
+    """Progress of an experiment: counts by status, then one line per trial."""
+    counts = {s: sum(r.status == s for r in rows) for s in ("FINISHED", "RUNNING", "PENDING",
+                                                            "FAILED")}
+    head = (f"experiment {spec.name}: {planned} trial(s) planned, "
+            + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
+            + f", {max(planned - len(rows), 0)} not yet submitted")
+    table = [{"trial": r.trial_hash, "dataset": r.dataset, "variant": r.variant,
+              "size": r.size, "lr": f"{r.lr:g}", "seed": r.seed, "status": r.status,
+              metric_name(spec): r.metric, "mlflow run": r.mlflow_run_id,
+              "updated": r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+              "checkpoint": r.checkpoint_path} for r in rows]
+    return "\n".join([head, format_table(table, list(table[0]))]) if table else head
