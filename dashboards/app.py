@@ -1,7 +1,8 @@
 """CEM Lab dashboard: ``make dashboard`` serves it on 127.0.0.1.
 
-Shows an experiment's runs and the paper's comparison of test perplexity against parameters,
-plus training and validation curves, read live from MLflow.
+Shows an experiment's trial runs and the paper's comparisons: test perplexity against
+parameters, the learning-rate sweep with its Akima optima, training and validation curves and
+energy descent, read live from MLflow.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from dashboards.mlflow_reads import (
     energy_frame,
     experiment_names,
     metric_history,
+    optima_frame,
     runs_frame,
     tracking_uri,
 )
-from dashboards.plots import energy_descent, metric_curves, perplexity_vs_parameters
+from dashboards.plots import energy_descent, lr_sweep, metric_curves, perplexity_vs_parameters
 
 st.set_page_config(page_title="CEM Lab", layout="wide")
 st.title("CEM Lab: energy-minimization layers vs Llama")
@@ -40,6 +42,8 @@ if runs["test_perplexity"].notna().any():
     unigram = runs["unigram_test_perplexity"].dropna()
     if not unigram.empty:
         st.caption(f"Unigram test perplexity of the corpus: {unigram.iloc[0]:.1f}")
+    if runs.dropna(subset=["test_perplexity", "lr"])["lr"].nunique() > 1:
+        st.plotly_chart(lr_sweep(runs, optima_frame(client, experiment)))
 else:
     st.info("No run has a test perplexity yet: the chart appears when the first trial ends.")
 

@@ -7,10 +7,12 @@ import os
 import pandas as pd
 from mlflow import MlflowClient
 
-RUN_COLUMNS = ["run_id", "run_name", "status", "variant", "size", "attention", "mlp",
+_TAGS = ["variant", "size", "attention", "mlp", "lr", "seed"]
+RUN_COLUMNS = ["run_id", "run_name", "status", *_TAGS,
                "params_total", "params_embedding", "params_attention", "params_mlp",
                "tokens_seen", "val_perplexity", "test_perplexity", "unigram_test_perplexity",
                "train_wall_s"]
+OPTIMA_COLUMNS = ["dataset", "variant", "size", "opt_lr", "opt_perplexity"]
 
 
 def tracking_uri() -> str:
@@ -28,19 +30,39 @@ def experiment_names(client: MlflowClient) -> list[str]:
             if client.search_runs([e.experiment_id], max_results=1)]
 
 
-def runs_frame(client: MlflowClient, experiment_name: str) -> pd.DataFrame:
-    """One row per run of the experiment, with ``RUN_COLUMNS`` (missing values are NaN)."""
+def _runs(client: MlflowClient, experiment_name: str, role: str) -> list:
     exp = client.get_experiment_by_name(experiment_name)
     if exp is None:
-        return pd.DataFrame(columns=RUN_COLUMNS)
+        return []
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    return [r for r in runs if r.data.tags.get("cemlab.role", "trial") == role]
+
+
+def runs_frame(client: MlflowClient, experiment_name: str) -> pd.DataFrame:
+    """One row per trial run of the experiment (not its parent run), with ``RUN_COLUMNS``
+    (missing values are NaN; ``lr`` a float)."""
     rows = []
-    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]):
+    for run in _runs(client, experiment_name, "trial"):
         tags, metrics = run.data.tags, run.data.metrics
         rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
-                     "status": run.info.status,
-                     **{k: tags.get(k) for k in ("variant", "size", "attention", "mlp")},
-                     **{k: metrics.get(k) for k in RUN_COLUMNS[7:]}})
-    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+                     "status": run.info.status, **{k: tags.get(k) for k in _TAGS},
+                     **{k: metrics.get(k) for k in RUN_COLUMNS[3 + len(_TAGS):]}})
+    frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
+    frame["lr"] = pd.to_numeric(frame["lr"])
+    return frame
+
+
+def optima_frame(client: MlflowClient, experiment_name: str) -> pd.DataFrame:
+    """The Akima optima stored on the experiment's parent run (metrics
+    ``<dataset>/<variant>/<size>/opt_lr`` and ``.../opt_perplexity``), ``OPTIMA_COLUMNS``."""
+    rows: dict[tuple, dict] = {}
+    for run in _runs(client, experiment_name, "experiment"):
+        for key, value in run.data.metrics.items():
+            parts = key.split("/")
+            if len(parts) == 4 and parts[3] in ("opt_lr", "opt_perplexity"):
+                rows.setdefault(tuple(parts[:3]), dict(zip(OPTIMA_COLUMNS, parts[:3])))[
+                    parts[3]] = value
+    return pd.DataFrame(list(rows.values()), columns=OPTIMA_COLUMNS)
 
 
 def energy_frame(client: MlflowClient, run_id: str) -> pd.DataFrame:

@@ -46,3 +46,22 @@ def metric_curves(history: pd.DataFrame, names: dict[str, str], metric: str) -> 
     frame = history.assign(run=history["run_id"].map(names))
     return px.line(frame, x="step", y="value", color="run", labels={"value": metric},
                    title=f"{metric} over training")
+
+
+def lr_sweep(runs: pd.DataFrame, optima: pd.DataFrame) -> go.Figure:
+    """Test perplexity (y, log) against learning rate (x, log2) per variant and size, with the
+    Akima-interpolated optima as stars (paper Fig. 3a). ``runs`` needs ``lr, seed, variant,
+    size, test_perplexity``; ``optima`` the ``optima_frame`` columns."""
+    done = runs.dropna(subset=["test_perplexity", "lr"]).sort_values("lr")
+    done = done.assign(curve=done["variant"] + "@" + done["size"] + " seed " + done["seed"])
+    fig = px.line(done, x="lr", y="test_perplexity", color="variant", symbol="size",
+                  line_group="curve", markers=True, log_x=True, log_y=True,
+                  hover_name="curve", labels={"lr": "learning rate",
+                                              "test_perplexity": "test perplexity"},
+                  title="Learning-rate sweep (stars: Akima optima)")
+    for row in optima.itertuples():
+        fig.add_trace(go.Scatter(x=[row.opt_lr], y=[row.opt_perplexity], mode="markers",
+                                 marker={"symbol": "star", "size": 16, "color": "black"},
+                                 name=f"optimum {row.variant}@{row.size}"))
+    fig.update_xaxes(type="log", tickformat=".1e")
+    return fig

@@ -134,10 +134,10 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
              "attn": t.params["attention"], "mlp": t.params["mlp"],
              "examples" if gp else "tokens": t.tokens, "steps": t.steps,
              "FLOPs": f"{t.flops:.3g}",
-             "est. wall": _duration(wall_s[t.trial_id]) if wall_s else None}
+             **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
             for t in trials]
     r, tr = spec.resources, spec.training
-    unit = "examples" if gp else f"x {trials[0].model.context_length} tokens"
+    unit = "examples" if gp else "sequences"
     head = (f"experiment {spec.name} ({spec.workload}): {len(trials)} trial(s); each "
             f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
             f", ZeRO {tr.zero_stage}, global batch {tr.batch_size} {unit} = "

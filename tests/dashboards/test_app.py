@@ -1,5 +1,6 @@
 """The Streamlit dashboard against a real MLflow store (SQLite), with Streamlit's AppTest."""
 
+import itertools
 import math
 from pathlib import Path
 
@@ -8,8 +9,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from streamlit.testing.v1 import AppTest
 
-from dashboards.mlflow_reads import energy_frame
-from dashboards.plots import energy_descent, family, perplexity_vs_parameters
+from dashboards.mlflow_reads import energy_frame, optima_frame, runs_frame
+from dashboards.plots import energy_descent, family, lr_sweep, perplexity_vs_parameters
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
 RUNS = {  # variant: (attention, mlp, params_total, test_perplexity)
@@ -27,11 +28,18 @@ def store(tmp_path, monkeypatch) -> MlflowClient:
     return MlflowClient(uri)
 
 
-def fill(client: MlflowClient) -> None:
+def fill(client: MlflowClient, lrs=(0.002,)) -> None:
     exp = client.create_experiment("demo")
-    for variant, (attention, mlp, params, ppl) in RUNS.items():
-        run = client.create_run(exp, run_name=f"{variant}@micro", tags={
-            "variant": variant, "size": "micro", "attention": attention, "mlp": mlp})
+    parent = client.create_run(exp, run_name="demo", tags={"cemlab.role": "experiment"})
+    client.log_batch(parent.info.run_id, metrics=[
+        Metric("shakespeare/cem/micro/opt_lr", 0.003, 0, 0),
+        Metric("shakespeare/cem/micro/opt_perplexity", 150.0, 0, 0)])
+    for (variant, (attention, mlp, params, ppl)), lr in itertools.product(RUNS.items(), lrs):
+        ppl = ppl * (1 + (math.log2(lr) - math.log2(0.003)) ** 2 / 10)
+        run = client.create_run(exp, run_name=f"{variant}@micro lr={lr}", tags={
+            "variant": variant, "size": "micro", "attention": attention, "mlp": mlp,
+            "lr": str(lr), "seed": "0", "cemlab.role": "trial",
+            "mlflow.parentRunId": parent.info.run_id})
         metrics = [Metric("params_total", params, 0, 0), Metric("test_perplexity", ppl, 0, 50),
                    Metric("unigram_test_perplexity", 594.5, 0, 0)]
         metrics += [Metric("loss", 7 - math.log(s), 0, s) for s in range(1, 51)]
@@ -49,15 +57,34 @@ def test_dashboard_shows_runs_and_perplexity_vs_parameters(store):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
     assert at.sidebar.selectbox[0].value == "demo"
-    table = at.dataframe[0].value
+    table = at.dataframe[0].value  # the trial runs, not the experiment's parent run
     assert sorted(table["variant"]) == sorted(RUNS)
-    assert dict(zip(table["variant"], table["test_perplexity"])) == {
-        v: r[3] for v, r in RUNS.items()}
+    assert dict(zip(table["variant"], table["test_perplexity"])) == pytest.approx({
+        v: r[3] * (1 + (math.log2(0.002) - math.log2(0.003)) ** 2 / 10)
+        for v, r in RUNS.items()})
     charts = at.get("plotly_chart")
     # perplexity vs parameters, loss curves, validation curves, energy descent
     assert len(charts) == 4
     assert "594.5" in at.caption[0].value
-    assert sorted(at.main.selectbox[0].options) == ["cem-attn@micro", "cem@micro"]
+    assert sorted(at.main.selectbox[0].options) == ["cem-attn@micro lr=0.002",
+                                                    "cem@micro lr=0.002"]
+
+
+def test_lr_sweep_shows_every_curve_and_the_akima_optima(store):
+    fill(store, lrs=(0.001, 0.002, 0.004))
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 5  # the sweep joins the four charts
+    runs, optima = runs_frame(store, "demo"), optima_frame(store, "demo")
+    assert len(runs) == 12 and sorted(runs["lr"].unique()) == [0.001, 0.002, 0.004]
+    assert optima.to_dict("records") == [{"dataset": "shakespeare", "variant": "cem",
+                                          "size": "micro", "opt_lr": 0.003,
+                                          "opt_perplexity": 150.0}]
+    fig = lr_sweep(runs, optima)
+    curves = [t for t in fig.data if t.mode == "lines+markers"]
+    assert len(curves) == 4 and all(list(t.x) == [0.001, 0.002, 0.004] for t in curves)
+    (star,) = [t for t in fig.data if t.name == "optimum cem@micro"]
+    assert (list(star.x), list(star.y)) == ([0.003], [150.0])
 
 
 def test_dashboard_without_runs_says_how_to_get_some(store):
@@ -69,7 +96,7 @@ def test_dashboard_without_runs_says_how_to_get_some(store):
 def test_energy_descent_has_a_line_per_layer_and_sublayer(store):
     fill(store)
     run = next(r for r in store.search_runs([store.get_experiment_by_name("demo").experiment_id])
-               if r.info.run_name == "cem@micro")
+               if r.info.run_name == "cem@micro lr=0.002")
     frame = energy_frame(store, run.info.run_id)
     assert len(frame) == 2 * 2 * 3
     assert frame[(frame.sublayer == "attn") & (frame.layer == 1)]["energy"].tolist() == [-1, -2, -3]

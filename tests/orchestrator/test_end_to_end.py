@@ -1,20 +1,26 @@
-"""End to end: local services, `python -m orchestrator run` on a tiny spec, metrics in MLflow.
+"""End to end: local services, `python -m orchestrator run` on tiny grids.
 
 Starts its own Ray head (token auth) and MLflow server with infra/local/up.sh in a temporary
-CEMLAB_HOME, trains two tiny models with 2 Ray Train workers and DeepSpeed ZeRO-2 each, checks
-what reached the MLflow server, re-submits through `ray job submit`, and stops the services.
+CEMLAB_HOME; runs a 2 x 2 learning-rate grid through Ray Tune (2 Ray Train workers and
+DeepSpeed ZeRO-2 per trial), checks MLflow, the ledger, the Akima results and the registry,
+re-submits through `ray job submit`; kills a run mid-trial and resumes it; runs the GP workload;
+stops the services.
 """
 
+import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
+from orchestrator.ledger import Ledger
 from orchestrator.plan import parameter_counts
 from orchestrator.spec import parse_spec
 from workloads.models import flops_per_token
@@ -30,7 +36,8 @@ SPEC = {
     "sizes": ["nano"],
     "variants": {"llama": {"attention": "llama", "mlp": "llama"},
                  "cem": CEM_BEST},  # T = 2, shared diagonal, diag-plus-low-rank preconditioners
-    "training": {"tokens": 40960, "batch_size": 16, "micro_batch_size": 8, "lr": 0.004,
+    "learning_rates": [0.004, 0.008],
+    "training": {"tokens": 40960, "batch_size": 16, "micro_batch_size": 8,
                  "eval_interval": 20, "eval_sequences": 32, "log_interval": 5,
                  "zero_stage": 2, "energy_diagnostics": True},
     "resources": {"num_workers": 2, "cpus_per_worker": 1},
@@ -64,37 +71,49 @@ def services(tmp_path_factory):
                 os.kill(pid, 0)
 
 
-def test_run_trains_and_tracks_every_trial(services, tmp_path):
+def orchestrator(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
+                          env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_spec(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     home, env = services
-    spec_path = tmp_path / "e2e.yaml"
-    spec_path.write_text(yaml.safe_dump(SPEC))
+    spec_path = write_spec(tmp_path, SPEC)
     assert (home / "ray_auth_token").stat().st_mode & 0o077 == 0  # the token is private
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", str(spec_path)], cwd=ROOT,
-        env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]}, capture_output=True,
-        text=True, timeout=900)
+    proc = orchestrator(env, "run", str(spec_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "results of 'e2e'" in proc.stdout
+    assert "results of 'e2e'" in proc.stdout and "Akima optima" in proc.stdout
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("e2e")
     runs = client.search_runs([exp.experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["cem@nano", "llama@nano"]
+    (parent,) = [r for r in runs if r.data.tags["cemlab.role"] == "experiment"]
+    trials = [r for r in runs if r.data.tags["cemlab.role"] == "trial"]
+    assert sorted(r.info.run_name for r in trials) == [
+        f"{v}@nano lr={lr} seed=0" for v in ("cem", "llama") for lr in (0.004, 0.008)]
     spec = parse_spec(SPEC)
     steps = 40960 // (16 * 64)
-    for run in runs:
+    for run in trials:
         m, p = run.data.metrics, run.data.params
         assert run.info.status == "FINISHED"
-        variant = run.data.tags["variant"]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        variant, peak = run.data.tags["variant"], float(p["lr"])
         counts = parameter_counts(spec.resolve_model("nano", variant))
         assert {k: int(m[f"params_{k}"]) for k in counts} == counts
         assert p["model.attention"] == variant and p["training.zero_stage"] == "2"
+        assert p["training.grad_accum"] == "1" and p["training.micro_batch"] == "8"
         assert m["tokens_seen"] == steps * 16 * 64
         assert m["test_perplexity"] == pytest.approx(math.exp(m["test_loss"]), rel=1e-6)
         assert m["val_perplexity"] == pytest.approx(math.exp(m["val_loss"]), rel=1e-6)
         assert 1 < m["test_perplexity"] < m["unigram_test_perplexity"] * 1.5
-        assert m["tokens_per_s"] > 0
         cfg = spec.resolve_model("nano", variant)
         assert m["flops_per_token"] == pytest.approx(flops_per_token(cfg, 64))
         assert m["flops_per_s"] == pytest.approx(m["tokens_per_s"] * m["flops_per_token"])
@@ -102,24 +121,118 @@ def test_run_trains_and_tracks_every_trial(services, tmp_path):
             for layer, name, t in [(0, "attn", 0), (1, "attn", 2), (1, "mlp", 2)]:
                 assert math.isfinite(m[f"energy/{name}/layer{layer}/step{t}"])
             assert m["precond_min_eig/mlp/layer1"] > 0
-            assert "precond_min_eig/attn/layer0/head1" in m
         else:
             assert not any(k.startswith("energy/") for k in m)
-
         loss = [x.value for x in client.get_metric_history(run.info.run_id, "loss")]
         assert len(loss) == steps
         assert sum(loss[-5:]) / 5 < sum(loss[:5]) / 5 - 0.5  # the loss goes down
         lr = {x.step: x.value for x in client.get_metric_history(run.info.run_id, "lr")}
         for step in (1, steps // 2, steps):  # the schedule that ran is the paper's schedule
-            expected = 0.004 * lr_factor(step - 1, steps, 0.05, 0.1)  # step s uses f(s - 1)
-            assert lr[step] == pytest.approx(expected, rel=1e-6)
-        val = client.get_metric_history(run.info.run_id, "val_perplexity")
-        assert sorted(x.step for x in val) == [20, steps]
+            assert lr[step] == pytest.approx(peak * lr_factor(step - 1, steps, 0.05, 0.1),
+                                             rel=1e-6)
 
-    # The same spec through the job server: every trial is already finished and skipped.
+    # The ledger holds one finished row per trial, with its run and its last checkpoint.
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+    rows = ledger.trials(ledger.experiment("e2e").id)
+    by_run = {r.info.run_id: r for r in trials}
+    assert len(rows) == 4 and {r.status for r in rows} == {"FINISHED"}
+    for row in rows:
+        run = by_run[row.mlflow_run_id]
+        assert run.data.tags["cemlab.trial_id"] == row.trial_hash
+        assert row.metric == pytest.approx(run.data.metrics["test_perplexity"])
+        assert Path(row.checkpoint_path).is_dir() and row.finished_at >= row.started_at
+
+    # Akima optima: on the parent run (metrics and table) and from `results`.
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "FINISHED"
+    for variant in ("llama", "cem"):
+        opt_lr = parent.data.metrics[f"shakespeare/{variant}/nano/opt_lr"]
+        assert 0.004 <= opt_lr <= 0.008
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "akima_optima.json",
+                                                      str(tmp_path))).read_text())
+    assert len(table["data"]) == 2
+    results = orchestrator(env, "results", str(spec_path))
+    assert results.returncode == 0 and "optimal LR" in results.stdout
+
+    # The best trial per (variant, size) is registered, and `models eval` reproduces it.
+    for variant in ("llama", "cem"):
+        best = min((r for r in trials if r.data.tags["variant"] == variant),
+                   key=lambda r: r.data.metrics["test_perplexity"])
+        version = client.get_model_version_by_alias(f"cemlab-{variant}-nano", "best")
+        assert version.run_id == best.info.run_id
+        assert version.tags["trial_id"] == best.data.tags["cemlab.trial_id"]
+        assert int(version.tags["params_total"]) == int(best.data.metrics["params_total"])
+    evaluated = orchestrator(env, "models", "eval", "cemlab-cem-nano@best")
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr[-2000:]
+    assert "within 0.001" in evaluated.stdout
+    listed = orchestrator(env, "models", "list")
+    assert "cemlab-llama-nano" in listed.stdout and "cemlab-cem-nano" in listed.stdout
+
+    # The same spec through the job server: every trial is finished, nothing trains again.
     job = subprocess.run(
         ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
          "run", str(spec_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    assert job.stdout.count("already finished, skipped") == 2
-    assert len(client.search_runs([exp.experiment_id])) == 2
+    assert job.stdout.count("finished, skipped") == 4 and "Ray Tune" not in job.stdout
+    assert len(client.search_runs([exp.experiment_id])) == 5
+    assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
+
+
+def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(services, tmp_path):
+    home, env = services
+    spec = {**SPEC, "name": "resume", "variants": {"llama": {}}, "learning_rates": [0.004],
+            "training": {**SPEC["training"], "tokens": 200 * 16 * 64, "eval_sequences": 8,
+                         "energy_diagnostics": False}}
+    spec_path = write_spec(tmp_path, spec)
+    cmd = [sys.executable, "-m", "orchestrator", "run", str(spec_path)]
+    first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    trials_dir = home / "ray_results" / "trials"
+    deadline = time.monotonic() + 300
+    while not list(trials_dir.glob("trial-*/checkpoint_*")):  # the first checkpoint is written
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)  # the driver dies; Ray tears down its trial
+    first.wait()
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+    (row,) = ledger.trials(ledger.experiment("resume").id)
+    assert row.status == "RUNNING" and row.mlflow_run_id
+
+    again = orchestrator(env, "run", str(spec_path))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    resumed = [line for line in again.stdout.splitlines() + again.stderr.splitlines()
+               if "resumed from step" in line]
+    assert resumed, again.stdout[-3000:]
+    (row,) = ledger.trials(ledger.experiment("resume").id)
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("resume")
+    trial_runs = client.search_runs([exp.experiment_id], "tags.`cemlab.role` = 'trial'")
+    assert [r.info.run_id for r in trial_runs] == [row.mlflow_run_id]  # one run, reused
+    assert row.status == "FINISHED" and trial_runs[0].info.status == "FINISHED"
+    steps = {x.step for x in client.get_metric_history(row.mlflow_run_id, "loss")}
+    assert steps == set(range(1, 201))
+
+
+def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
+    home, env = services
+    spec = {"name": "gp-e2e", "workload": "gp_regression",
+            "gp": {"kernels": ["rbf"], "n_train": 512, "n_val": 64, "n_test": 128,
+                   "steps": 150},
+            "sizes": ["gp-small"], "variants": {"t1": {"mlp_steps": 1}, "t2": {"mlp_steps": 2}},
+            "learning_rates": [0.004], "seeds": [0, 1],
+            "training": {"batch_size": 64, "eval_interval": 50},
+            "resources": {"num_workers": 1}}
+    proc = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "optimal rmse" in proc.stdout
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+    rows = ledger.trials(ledger.experiment("gp-e2e").id)
+    assert len(rows) == 4 and {r.status for r in rows} == {"FINISHED"}
+    assert {r.dataset for r in rows} == {"gp-rbf"}
+    assert all(0 < r.metric < 1.0 for r in rows)  # below the prior's standard deviation
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    parent = client.search_runs([client.get_experiment_by_name("gp-e2e").experiment_id],
+                                "tags.`cemlab.role` = 'experiment'")[0]
+    assert parent.data.metrics["gp-rbf/t2/gp-small/opt_rmse_std"] >= 0
+    status = orchestrator(env, "status")
+    assert "gp-e2e" in status.stdout and "resume" in status.stdout

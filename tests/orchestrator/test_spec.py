@@ -37,7 +37,11 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d["variants"]["cem"].update(mlp="moe"), "variants.cem.mlp: Input should be"),
     (lambda d: d.update(data={"source": "text_files", "paths": "/nonexistent/*.txt"}),
      "data.paths: no corpus file matches '/nonexistent/*.txt'"),
-    (lambda d: d["training"].update(batch_size=12), "training.batch_size: 12 is not a multiple"),
+    (lambda d: d["training"].update(batch_size=15), "training.batch_size: 15 is not a multiple"),
+    (lambda d: d.update(learning_rates=[0.001, -0.1]), "learning_rates: every learning rate"),
+    (lambda d: d.update(seeds=[1, 1]), "seeds: seeds must be distinct"),
+    (lambda d: d.update(sizes=["llama-1b"]), "sizes: unknown preset(s) llama-1b"),
+    (lambda d: d.update(data={"source": "slimpajama"}), "data.max_documents: required"),
 ])
 def test_malformed_spec_fails_fast_with_one_line_naming_the_field(tmp_path, patch, field):
     home = tmp_path / "home"
@@ -79,9 +83,19 @@ def test_plan_prints_every_trial_and_runs_nothing(tmp_path):
 def test_trial_id_is_the_science_not_the_resources():
     spec = load_spec(DEMO)
     fewer_workers = parse_spec({**spec.model_dump(), "resources": {"num_workers": 1}})
-    other_lr = parse_spec({**spec.model_dump(),
-                           "training": {**spec.training.model_dump(), "lr": 0.004}})
+    smaller_micro = parse_spec({**spec.model_dump(),
+                                "training": {**spec.training.model_dump(), "micro_batch_size": 4,
+                                             "zero_stage": 3}})
+    more_lrs = parse_spec({**spec.model_dump(), "learning_rates": [0.002, 0.004]})
+    other_decay = parse_spec({**spec.model_dump(),
+                              "training": {**spec.training.model_dump(), "weight_decay": 0.0}})
+    ids = [t.trial_id for t in plan_trials(spec)]
+    assert [t.trial_id for t in plan_trials(fewer_workers)] == ids
+    assert [t.trial_id for t in plan_trials(smaller_micro)] == ids
+    grown = plan_trials(more_lrs)  # the old trials keep their ids; the new LR adds new ones
+    assert {t.trial_id for t in grown if t.lr == 0.002} == set(ids)
+    assert len({t.trial_id for t in grown}) == 8
+    assert not set(ids) & {t.trial_id for t in plan_trials(other_decay)}
     model = spec.resolve_model("micro", "cem")
-    assert trial_id(spec, model) == trial_id(fewer_workers, model)
-    assert trial_id(spec, model) != trial_id(other_lr, model)
-    assert len({t.trial_id for t in plan_trials(spec)}) == 4
+    assert trial_id(spec, model, "shakespeare", 0.002, 0, 1) != trial_id(
+        spec, model, "shakespeare", 0.002, 1, 1)

@@ -1,0 +1,119 @@
+"""Grids, Chinchilla budgets, batch geometry, wall estimates, and every paper spec's plan."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.calibrate import estimate_wall_s, local_concurrency
+from orchestrator.cli import main
+from orchestrator.plan import format_plan, plan_trials, token_budget
+from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = sorted((ROOT / "experiments" / "paper").glob("*.yaml"))
+PAPER_SCALE = [p for p in PAPER if not p.stem.endswith("-cpu")]
+
+GRID = {"name": "grid", "data": {"vocab_size": 512}, "sizes": ["nano", "micro"],
+        "variants": {"llama": {}, "cem": {"attention": "cem", "mlp": "cem", "attn_steps": 2}},
+        "seeds": [0, 1], "training": {"budget_scale": 0.01, "batch_size": 16},
+        "resources": {"num_workers": 2}}
+
+
+def llama_params(v: int, d: int, n_layer: int, f: int) -> int:
+    """Untied embedding and head, per layer q/k/v/o + SwiGLU + two RMSNorm gains, final norm."""
+    return 2 * v * d + n_layer * (4 * d * d + 3 * d * f + 2 * d) + d
+
+
+def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
+    spec = parse_spec(GRID)
+    trials = plan_trials(spec)
+    assert spec.learning_rates == PAPER_LEARNING_RATES  # the paper's grid by default
+    assert len(trials) == 2 * 2 * 5 * 2
+    assert len({t.trial_id for t in trials}) == len(trials)
+    for size, (d, n_layer, f, ctx) in {"nano": (32, 2, 96, 64),
+                                       "micro": (128, 4, 384, 256)}.items():
+        budget = 20 * llama_params(512, d, n_layer, f) * 0.01
+        assert token_budget(spec, size) == round(budget)
+        same_size = [t for t in trials if t.size == size]
+        # The CEM twin trains on the Llama baseline's tokens, rounded up to whole steps.
+        assert {t.tokens for t in same_size} == {-(-round(budget) // (16 * ctx)) * 16 * ctx}
+        llama = next(t for t in same_size if t.variant == "llama")
+        assert llama.params["total"] == llama_params(512, d, n_layer, f)
+        cem = next(t for t in same_size if t.variant == "cem")
+        assert cem.params["total"] < llama.params["total"]
+        assert cem.flops > llama.flops  # T = 2 attention costs more per token
+
+
+@pytest.mark.parametrize(("batch", "micro", "workers", "expected"), [
+    (128, 8, 8, (8, 2)), (128, 8, 4, (8, 4)), (16, 8, 1, (8, 2)), (12, 8, 1, (6, 2)),
+    (16, 32, 2, (8, 1)), (14, 4, 2, (1, 7))])
+def test_micro_batch_and_accumulation_come_from_the_global_batch(batch, micro, workers,
+                                                                   expected):
+    spec = parse_spec({**GRID, "training": {"batch_size": batch, "micro_batch_size": micro},
+                       "resources": {"num_workers": workers}})
+    m, accum = spec.training.micro_batch(workers)
+    assert (m, accum) == expected and m * accum * workers == batch
+    assert (plan_trials(spec)[0].micro_batch_size, plan_trials(spec)[0].grad_accum) == expected
+
+
+def test_calibrated_wall_estimate_and_plan_table():
+    spec = parse_spec({**GRID, "sizes": ["nano"], "learning_rates": [0.002], "seeds": [0]})
+    trials = plan_trials(spec)
+    wall = estimate_wall_s(spec, trials)
+    assert set(wall) == {t.trial_id for t in trials}
+    assert all(20 < w < 3600 for w in wall.values())  # overhead plus a measured compute time
+    text = format_plan(spec, trials, wall, local_concurrency(spec, cpus=4))
+    assert "est. wall" in text and "2 trial(s) at once" in text
+    assert "8 per micro-batch x 1 accumulation x 2 worker(s)" in text
+
+
+@pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
+def test_every_paper_spec_plans(path, capsys):
+    assert main(["plan", "--no-calibrate", str(path)]) == 0
+    out = capsys.readouterr().out
+    spec = load_spec(path)
+    trials = plan_trials(spec)
+    for t in trials:
+        assert t.trial_id in out
+    if spec.workload == "gp_regression":
+        assert {t.dataset for t in trials} == {"gp-rbf", "gp-nonstationary"}
+        assert {t.model.mlp_steps for t in trials} == {1, 2, 4, 8}
+        assert spec.gp.input_dim == 10
+    elif not path.stem.endswith("-cpu"):  # the paper's scale: Table 1 and 2, App. C
+        assert spec.data.source == "slimpajama"
+        assert spec.data.tokenizer == "hf-internal-testing/llama-tokenizer"
+        assert {t.model.context_length for t in trials} == {2048}
+        assert {t.model.vocab_size for t in trials} == {32000}
+        assert spec.resources.num_workers == 8 and spec.resources.use_gpu
+        assert spec.training.batch_size == 128 and spec.training.tokens_per_param == 20
+        assert spec.training.budget_scale == 1
+
+
+@pytest.mark.parametrize("path", PAPER_SCALE, ids=lambda p: p.stem)
+def test_every_paper_spec_has_a_cpu_twin_with_the_same_comparison(path):
+    twin = path.with_name(f"{path.stem}-cpu.yaml")
+    assert twin.exists()
+    paper, cpu = yaml.safe_load(path.read_text()), yaml.safe_load(twin.read_text())
+    assert cpu["variants"] == paper["variants"]
+    assert cpu.get("workload") == paper.get("workload")
+    assert load_spec(twin).resources.use_gpu is False
+
+
+def test_parameter_matched_cem_mlp_restores_the_llama_mlp_parameters():
+    spec = load_spec(ROOT / "experiments" / "paper" / "fig2b.yaml")
+    trials = plan_trials(spec)
+    for size in spec.sizes:
+        counts = {t.variant: t.params["mlp"] for t in trials if t.size == size}
+        assert counts["cem-mlp"] == pytest.approx(2 / 3 * counts["llama"], rel=0.01)
+        assert counts["cem-mlp-pm"] == pytest.approx(counts["llama"], rel=0.01)
+
+
+def test_paper_fig3a_budget_is_chinchilla_on_table_1():
+    spec = load_spec(ROOT / "experiments" / "paper" / "fig3a.yaml")
+    for t in plan_trials(spec):
+        baseline = llama_params(32000, *{"llama-86m": (672, 8, 1792),
+                                         "llama-108m": (672, 12, 1792),
+                                         "llama-134m": (768, 12, 2048),
+                                         "llama-162m": (864, 12, 2304)}[t.size])
+        assert 20 * baseline <= t.tokens < 20 * baseline + 128 * 2048
