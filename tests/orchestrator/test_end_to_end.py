@@ -187,14 +187,22 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
     cmd = [sys.executable, "-m", "orchestrator", "run", str(spec_path)]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
-    trials_dir = home / "ray_results" / "trials"
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+
+    def checkpointed() -> bool:  # the trial runs and Ray Train has registered a checkpoint
+        exp = ledger.experiment("resume")
+        rows = ledger.trials(exp.id) if exp else []
+        if not rows or rows[0].status != "RUNNING":
+            return False
+        snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
+        return snapshot.exists() and "checkpoint_" in snapshot.read_text()
+
     deadline = time.monotonic() + 300
-    while not list(trials_dir.glob("trial-*/checkpoint_*")):  # the first checkpoint is written
+    while not checkpointed():
         assert first.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     first.send_signal(signal.SIGKILL)  # the driver dies; Ray tears down its trial
     first.wait()
-    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
     (row,) = ledger.trials(ledger.experiment("resume").id)
     assert row.status == "RUNNING" and row.mlflow_run_id
 
