@@ -96,8 +96,9 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
             print(f"[cemlab] {trial.label} ({trial.trial_id}): finished, skipped", flush=True)
             continue
         run_id = row.mlflow_run_id
-        if run_id is None:
-            run_id = tracking.start_trial_run(client, exp_id, parent, spec, trial, extra)
+        if run_id is None:  # never two runs per trial, even after a crash right here
+            run_id = (tracking.find_trial_run(client, exp_id, trial.trial_id)
+                      or tracking.start_trial_run(client, exp_id, parent, spec, trial, extra))
             ledger.update_trial(row.id, mlflow_run_id=run_id)
         pending.append({"workload": spec.workload, "trial_id": trial.trial_id,
                         "label": trial.label, "row_id": row.id, "run_id": run_id,

@@ -49,6 +49,13 @@ def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,
     return run.info.run_id
 
 
+def find_trial_run(client: MlflowClient, exp_id: str, trial_id: str) -> str | None:
+    """The id of an existing run of trial ``trial_id`` in ``exp_id`` (one created just before a
+    crash kept the ledger from recording it), or None."""
+    runs = client.search_runs([exp_id], f"tags.`{TRIAL_TAG}` = '{trial_id}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
 def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str,
                     spec: ExperimentSpec, trial: Trial, extra_metrics: dict[str, float]) -> str:
     """Create the trial's run, nested under the parent, with its resolved config as params and
