@@ -125,7 +125,8 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     """The grid as a table (one row per trial) with totals.
 
     ``wall_s`` maps trial ids to estimated wall seconds (``orchestrator.calibrate``); the total
-    wall time assumes ``concurrency`` trials at once.
+    wall time runs them in order on ``concurrency`` slots, each trial taking the first free one
+    (as Ray Tune schedules a grid).
     """
     gp = spec.workload == "gp_regression"
     rows = [{"trial": t.trial_id, **({"dataset": t.dataset} if gp else {}),
@@ -146,8 +147,10 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     total = (f"total: {sum(t.tokens for t in trials):,} {'examples' if gp else 'tokens'}, "
              f"{sum(t.steps for t in trials):,} steps, {sum(t.flops for t in trials):.3g} FLOPs")
     if wall_s:
-        total += (f", est. wall {_duration(sum(wall_s.values()) / concurrency)} "
-                  f"({concurrency} trial(s) at once)")
+        slots = [0.0] * concurrency
+        for t in trials:
+            slots[slots.index(min(slots))] += wall_s[t.trial_id]
+        total += f", est. wall {_duration(max(slots))} ({concurrency} trial(s) at once)"
     return "\n".join([head, format_table(rows, list(rows[0])), total])
 
 
