@@ -28,10 +28,17 @@ def in_grid(spec: ExperimentSpec, row: TrialRow) -> bool:
             and any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.learning_rates))
 
 
-def experiment_rows(spec: ExperimentSpec, ledger: Ledger) -> list[TrialRow]:
-    """The ledger rows of ``spec``'s experiment on its current grid (empty if never run)."""
+def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
+                    trial_ids: set[str] | None = None) -> list[TrialRow]:
+    """The ledger rows of ``spec``'s experiment (empty if never run): those of ``trial_ids``
+    when given, else those on the spec's current grid, the newest row per grid point (an edited
+    spec gives its trials new hashes)."""
     exp = ledger.experiment(spec.name)
-    return [r for r in ledger.trials(exp.id) if in_grid(spec, r)] if exp else []
+    rows = ledger.trials(exp.id) if exp else []
+    if trial_ids is not None:
+        return [r for r in rows if r.trial_hash in trial_ids]
+    newest = {(r.dataset, r.variant, r.size, r.lr, r.seed): r for r in rows if in_grid(spec, r)}
+    return sorted(newest.values(), key=lambda r: r.id)
 
 
 def optima(spec: ExperimentSpec, rows: list[TrialRow]) -> list[dict]:

@@ -113,7 +113,7 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
         launch.run_grid(spec.name, pending, spec.resources,
                         str(settings.cemlab_home() / "ray_results"))
 
-    rows = experiment_rows(spec, ledger)
+    rows = experiment_rows(spec, ledger, {t.trial_id for t in trials})
     done = all(r.status == "FINISHED" for r in rows) and len(rows) == len(trials)
     short = metric_name(spec).removeprefix("test_")
     table = optima(spec, rows)

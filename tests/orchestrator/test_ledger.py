@@ -69,3 +69,20 @@ def test_ledger_shares_the_mlflow_database(tmp_path):
     tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
     assert {"experiments", "runs", "cemlab_experiments", "cemlab_trials"} <= tables
     assert MlflowClient(url).get_experiment_by_name("shared") is not None
+
+
+def test_results_read_the_newest_row_per_grid_point(tmp_path):
+    from orchestrator.results import experiment_rows
+    from orchestrator.spec import parse_spec
+
+    spec = parse_spec({"name": "edited", "sizes": ["nano"], "variants": {"llama": {}},
+                       "learning_rates": [0.002, 0.004]})
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    exp = ledger.ensure_experiment("edited", "language_model", "")
+    point = {"dataset": "shakespeare", "variant": "llama", "size": "nano", "seed": 0}
+    old = ledger.ensure_trial(exp.id, "old", lr=0.002, **point)
+    new = ledger.ensure_trial(exp.id, "new", lr=0.002, **point)  # same point, edited science
+    other = ledger.ensure_trial(exp.id, "other", lr=0.004, **point)
+    ledger.ensure_trial(exp.id, "off-grid", lr=0.008, **point)
+    assert [r.id for r in experiment_rows(spec, ledger)] == [new.id, other.id]
+    assert [r.id for r in experiment_rows(spec, ledger, {"old"})] == [old.id]
