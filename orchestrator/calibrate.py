@@ -72,12 +72,3 @@ def estimate_wall_s(spec: ExperimentSpec, trials: list[Trial]) -> dict[str, floa
         out[t.trial_id] = (t.flops / (rates[t.model] * spec.resources.num_workers)
                            + TRIAL_OVERHEAD_S)
     return out
-
-
-def local_concurrency(spec: ExperimentSpec, cpus: int, gpus: int = 0) -> int:
-    """How many trials of ``spec`` fit at once on ``cpus`` CPUs and ``gpus`` GPUs (at least 1)."""
-    r = spec.resources
-    fit = cpus // (r.num_workers * r.cpus_per_worker)
-    if r.use_gpu:
-        fit = min(fit, gpus // r.num_workers)
-    return max(1, fit)

@@ -50,12 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.command == "plan":
-        from orchestrator.calibrate import estimate_wall_s, local_concurrency
+        import torch
+
+        from orchestrator.calibrate import estimate_wall_s
         from orchestrator.plan import format_plan, plan_trials
 
         trials = plan_trials(spec)
         wall = None if args.no_calibrate else estimate_wall_s(spec, trials)
-        print(format_plan(spec, trials, wall, local_concurrency(spec, os.cpu_count() or 1)))
+        slots = spec.resources.trials_that_fit(os.cpu_count() or 1, torch.cuda.device_count())
+        print(format_plan(spec, trials, wall, slots))
         return 0
     if args.command == "run":
         from orchestrator.run import run_experiment  # imports ray and mlflow: only when running

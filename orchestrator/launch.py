@@ -9,7 +9,6 @@ returns the last checkpoint and training resumes from there.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -23,8 +22,6 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from orchestrator import tracking
 from orchestrator.ledger import Ledger
 from orchestrator.spec import ResourcesSpec
-
-log = logging.getLogger(__name__)
 
 # Tune needs a non-empty resource request per trial; the driver itself only waits on its
 # Train run (whose workers hold the CPUs/GPUs), so it asks for a token amount of memory.
@@ -78,22 +75,12 @@ def trial_driver(config: dict[str, Any], trials: dict[str, dict[str, Any]]) -> N
     tracking.end_run(client, c["run_id"], ok=True)
 
 
-def max_concurrent_trials(resources: ResourcesSpec) -> int:
-    """Trials of this shape that the connected Ray cluster fits at once (at least 1)."""
-    total = ray.cluster_resources()
-    fit = int(total.get("CPU", 0) // (resources.num_workers * resources.cpus_per_worker))
-    if resources.use_gpu:
-        fit = min(fit, int(total.get("GPU", 0) // resources.num_workers))
-    return max(1, fit)
-
-
 def run_grid(name: str, trials: list[dict[str, Any]], resources: ResourcesSpec,
-             storage_path: str) -> int:
-    """Run ``trials`` (``trial_driver`` configs) with Ray Tune, as many at once as fit.
-
-    Returns the number of trials that failed.
-    """
-    concurrency = max_concurrent_trials(resources)
+             storage_path: str) -> None:
+    """Run ``trials`` (``trial_driver`` configs) with Ray Tune, as many at once as the connected
+    cluster fits; each trial's outcome lands in the ledger and MLflow."""
+    total = ray.cluster_resources()
+    concurrency = resources.trials_that_fit(total.get("CPU", 0), total.get("GPU", 0))
     by_id = {c["trial_id"]: c for c in trials}
     print(f"[cemlab] Ray Tune: {len(trials)} trial(s), up to {concurrency} at once", flush=True)
     tuner = ray.tune.Tuner(
@@ -106,5 +93,4 @@ def run_grid(name: str, trials: list[dict[str, Any]], resources: ResourcesSpec,
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                       storage_path=f"{storage_path}/tune", verbose=1))
-    results = tuner.fit()
-    return results.num_errors
+    tuner.fit()

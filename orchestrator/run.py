@@ -4,7 +4,6 @@ then analyse (Akima optima) and register the best models."""
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import time
 
@@ -27,8 +26,6 @@ from orchestrator.table import format_table
 from workloads.data import prepare_corpus
 from workloads.gp.train import GPJob
 from workloads.train import TrainJob
-
-log = logging.getLogger(__name__)
 
 
 def _job(spec: ExperimentSpec, trial: Trial, corpus: dict | None, uri: str,
@@ -80,7 +77,9 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
 
     uri = settings.tracking_uri()
     client = MlflowClient(uri)
-    ledger = Ledger(settings.ledger_url())
+    ledger_url = settings.ledger_url()
+    ledger = Ledger(ledger_url)
+    results_dir = settings.cemlab_home() / "ray_results"  # Tune state and trial checkpoints
     exp = ledger.ensure_experiment(spec.name, spec.workload, spec_yaml)
     exp_id = tracking.experiment_id(client, spec.name)
     parent = exp.parent_run_id or tracking.start_parent_run(client, exp_id, spec, spec_yaml)
@@ -102,16 +101,15 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
             ledger.update_trial(row.id, mlflow_run_id=run_id)
         pending.append({"workload": spec.workload, "trial_id": trial.trial_id,
                         "label": trial.label, "row_id": row.id, "run_id": run_id,
-                        "metric": metric_name(spec), "ledger_url": settings.ledger_url(),
+                        "metric": metric_name(spec), "ledger_url": ledger_url,
                         "tracking_uri": uri, "resources": spec.resources.model_dump(),
-                        "storage_path": str(settings.cemlab_home() / "ray_results" / "trials"),
+                        "storage_path": str(results_dir / "trials"),
                         "job": _job(spec, trial, corpus, uri, run_id)})
     if pending:
         # Inside `ray job submit` RAY_ADDRESS names the cluster; otherwise start a local
         # instance rather than attach to whatever cluster last ran here (possibly a dead one).
         ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
-        launch.run_grid(spec.name, pending, spec.resources,
-                        str(settings.cemlab_home() / "ray_results"))
+        launch.run_grid(spec.name, pending, spec.resources, str(results_dir))
 
     rows = experiment_rows(spec, ledger, {t.trial_id for t in trials})
     done = all(r.status == "FINISHED" for r in rows) and len(rows) == len(trials)

@@ -157,6 +157,14 @@ class ResourcesSpec(_Strict):
     cpus_per_worker: int = Field(1, gt=0)
     use_gpu: bool = False
 
+    def trials_that_fit(self, cpus: float, gpus: float = 0) -> int:
+        """How many trials of this shape fit at once on ``cpus`` CPUs and ``gpus`` GPUs
+        (at least 1)."""
+        fit = int(cpus // (self.num_workers * self.cpus_per_worker))
+        if self.use_gpu:
+            fit = min(fit, int(gpus // self.num_workers))
+        return max(1, fit)
+
 
 PAPER_LEARNING_RATES = [0.0005, 0.001, 0.002, 0.004, 0.008]
 

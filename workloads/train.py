@@ -190,6 +190,8 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
     import deepspeed
     import ray.train
 
+    from workloads.checkpoint import report_with_checkpoint, restore_checkpoint
+
     # DeepSpeed still calls torch.distributed's deprecated all_gather_into_tensor.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     torch.set_num_threads(job.threads_per_worker)
@@ -212,10 +214,9 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
                                 precision, optim.grad_clip))
 
     start_step = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as d:
-            _, client_state = engine.load_checkpoint(d, tag=_CKPT_TAG)
+    restored = restore_checkpoint(lambda d: engine.load_checkpoint(d, tag=_CKPT_TAG)[1])
+    if restored:
+        client_state, checkpoint = restored
         start_step = client_state["step"]
         if rank == 0:
             log.info("[train] resumed from step %d (%s)", start_step, checkpoint.path)
@@ -242,10 +243,8 @@ def train_loop_per_worker(job_dict: dict[str, Any]) -> None:
 
     def report(step: int, metrics: dict[str, float]) -> None:
         """Report to Ray Train with a checkpoint: every rank saves its shard, Ray merges them."""
-        with tempfile.TemporaryDirectory() as d:
-            engine.save_checkpoint(d, tag=_CKPT_TAG, client_state={"step": step})
-            ray.train.report({"step": step, **metrics},
-                             checkpoint=ray.train.Checkpoint.from_directory(d))
+        report_with_checkpoint(step, metrics, lambda d: engine.save_checkpoint(
+            d, tag=_CKPT_TAG, client_state={"step": step}))
 
     if rank == 0:
         log.info("[train] %s attention, %s mlp: %d steps x %d tokens, %d workers, ZeRO %d, %s",

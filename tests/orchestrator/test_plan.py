@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.calibrate import estimate_wall_s, local_concurrency
+from orchestrator.calibrate import estimate_wall_s
 from orchestrator.cli import main
 from orchestrator.plan import format_plan, plan_trials, token_budget
 from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
@@ -63,7 +63,7 @@ def test_calibrated_wall_estimate_and_plan_table():
     wall = estimate_wall_s(spec, trials)
     assert set(wall) == {t.trial_id for t in trials}
     assert all(45 < w < 3600 for w in wall.values())  # overhead plus a measured compute time
-    text = format_plan(spec, trials, wall, local_concurrency(spec, cpus=4))
+    text = format_plan(spec, trials, wall, spec.resources.trials_that_fit(cpus=4))
     assert "est. wall" in text and "2 trial(s) at once" in text
     assert "8 per micro-batch x 1 accumulation x 2 worker(s)" in text
     # The total runs trials in order on the free slots: 100 s and 300 s on one slot, or two.

@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +74,8 @@ def train_gp_per_worker(job_dict: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
+    from workloads.checkpoint import report_with_checkpoint, restore_checkpoint
+
     job = GPJob(**job_dict)
     torch.set_num_threads(job.threads_per_worker)
     ctx = ray.train.get_context()
@@ -87,10 +88,10 @@ def train_gp_per_worker(job_dict: dict[str, Any]) -> None:
     optimizer = build_optimizer(net, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg, job.steps)
     start_step = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as d:
-            state = torch.load(os.path.join(d, _STATE), weights_only=True)
+    restored = restore_checkpoint(
+        lambda d: torch.load(os.path.join(d, _STATE), weights_only=True))
+    if restored:
+        state, _ = restored
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -105,13 +106,12 @@ def train_gp_per_worker(job_dict: dict[str, Any]) -> None:
                  start_step + 1, job.steps)
 
     def report(step: int, metrics: dict[str, float]) -> None:
-        with tempfile.TemporaryDirectory() as d:
+        def save(d: str) -> None:  # the replicas are identical: rank 0 writes the state
             if rank == 0:
                 torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
                             "scheduler": scheduler.state_dict(), "step": step},
                            os.path.join(d, _STATE))
-            ray.train.report({"step": step, **metrics},
-                             checkpoint=ray.train.Checkpoint.from_directory(d))
+        report_with_checkpoint(step, metrics, save)
 
     start = time.perf_counter()
     for step in range(start_step + 1, job.steps + 1):
