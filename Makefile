@@ -14,12 +14,13 @@ DASHBOARD_PORT ?= 8501
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
-.PHONY: help setup up demo test dashboard down lint clean
+.PHONY: help setup up demo test test-fast dashboard down lint clean
 
 help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
 	@echo "make demo       start local Ray + MLflow, submit experiments/demo.yaml with ray job submit"
-	@echo "make test       run the test suite"
+	@echo "make test       run the whole test suite (what CI runs)"
+	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes"
 	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
 	@echo "make down       stop the local services started by make up/demo/dashboard"
 
@@ -49,6 +50,9 @@ demo: up
 
 test: setup
 	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
 
 dashboard: up
 	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \

@@ -1,1 +1,1 @@
-"""Streamlit dashboard of CEM Lab experiments. Reads MLflow only; never writes."""
+"""Streamlit dashboard of CEM Lab experiments. Reads MLflow and the ledger only; never writes."""

@@ -2,7 +2,7 @@
 
 Shows an experiment's trial runs and the paper's comparisons: test perplexity against
 parameters, the learning-rate sweep with its Akima optima, training and validation curves and
-energy descent, read live from MLflow.
+energy descent, read live from MLflow; each trial's status from the ledger.
 """
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ from __future__ import annotations
 import streamlit as st
 from mlflow import MlflowClient
 
-from dashboards.mlflow_reads import (
+from dashboards.plots import energy_descent, lr_sweep, metric_curves, perplexity_vs_parameters
+from dashboards.reads import (
     energy_frame,
     experiment_names,
     metric_history,
     optima_frame,
     runs_frame,
     tracking_uri,
+    trial_statuses,
 )
-from dashboards.plots import energy_descent, lr_sweep, metric_curves, perplexity_vs_parameters
 
 st.set_page_config(page_title="CEM Lab", layout="wide")
 st.title("CEM Lab: energy-minimization layers vs Llama")
@@ -32,7 +33,7 @@ if not names:
 experiment = st.sidebar.selectbox("Experiment", names)
 if st.sidebar.button("Refresh"):
     st.rerun()
-runs = runs_frame(client, experiment)
+runs = runs_frame(client, experiment, trial_statuses(experiment))
 
 st.subheader(f"Runs of `{experiment}`")
 st.dataframe(runs.drop(columns=["run_id"]), hide_index=True)

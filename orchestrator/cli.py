@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -50,69 +49,67 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.command == "plan":
-        import torch
-
         from orchestrator.calibrate import estimate_wall_s
-        from orchestrator.plan import format_plan, plan_trials
+        from orchestrator.plan import concurrency, format_plan, plan
 
-        trials = plan_trials(spec)
-        wall = None if args.no_calibrate else estimate_wall_s(spec, trials)
-        slots = spec.resources.trials_that_fit(os.cpu_count() or 1, torch.cuda.device_count())
-        print(format_plan(spec, trials, wall, slots))
+        trials = plan(spec)
+        wall = None if args.no_calibrate else estimate_wall_s(trials)
+        print(format_plan(spec, trials, wall, concurrency(spec)))
         return 0
     if args.command == "run":
         from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
 
         return 0 if run_experiment(spec, Path(args.spec).read_text()) else 1
-    from orchestrator import settings
     from orchestrator.ledger import Ledger
-    from orchestrator.results import experiment_rows, format_optima, metric_name, optima
+    from orchestrator.results import experiment_rows, format_optima, optima, short_metric
+    from orchestrator.settings import Settings
 
-    ledger = Ledger(settings.ledger_url())
-    rows = experiment_rows(spec, ledger)
+    rows = experiment_rows(spec, Ledger(Settings().ledger_url))
     if args.command == "status":
-        from orchestrator.plan import plan_trials
+        from orchestrator.plan import plan
         from orchestrator.results import format_status
 
-        print(format_status(spec, rows, len(plan_trials(spec))))
+        print(format_status(spec, rows, len(plan(spec))))
         return 0
     table = optima(spec, rows)
     if not table:
         print(f"no finished trial of '{spec.name}' yet (python -m orchestrator status "
               f"{args.spec})", file=sys.stderr)
         return 1
-    print(f"Akima optima over log2(LR) of {metric_name(spec)}, experiment '{spec.name}'")
-    print(format_optima(table, metric_name(spec).removeprefix("test_")))
+    print(f"Akima optima over log2(LR) of test {short_metric(spec)}, experiment '{spec.name}'")
+    print(format_optima(table, short_metric(spec)))
     return 0
 
 
 def _status_all() -> int:
-    from orchestrator import settings
     from orchestrator.ledger import Ledger
+    from orchestrator.results import status_counts
+    from orchestrator.settings import Settings
     from orchestrator.table import format_table
 
-    ledger = Ledger(settings.ledger_url())
+    ledger = Ledger(Settings().ledger_url)
     rows = []
     for e in ledger.experiments():
         trials = ledger.trials(e.id)
         rows.append({"experiment": e.name, "workload": e.workload, "trials": len(trials),
-                     **{st.lower(): sum(t.status == st for t in trials)
-                        for st in ("FINISHED", "RUNNING", "PENDING", "FAILED")},
+                     **{s.lower(): n for s, n in status_counts(trials).items()},
                      "updated": e.updated_at.strftime("%Y-%m-%d %H:%M:%S")})
-    print(format_table(rows, list(rows[0])) if rows else "no experiments in the ledger yet")
+    print(format_table(rows) if rows else "no experiments in the ledger yet")
     return 0
 
 
 def _models(action: str, ref: str | None) -> int:
     from mlflow import MlflowClient
 
-    from orchestrator import registry, settings
+    from orchestrator import registry
+    from orchestrator.settings import Settings
     from orchestrator.table import format_table
 
-    client = MlflowClient(settings.tracking_uri())
+    settings = Settings()
+    client = MlflowClient(settings.tracking_uri)
     if action == "list":
         rows = registry.list_rows(client)
-        print(format_table(rows, list(rows[0])) if rows else "no registered cemlab models yet")
+        print(format_table(rows) if rows else "no registered cemlab models yet")
         return 0
     try:
         version = registry.resolve(client, ref)
@@ -126,8 +123,8 @@ def _models(action: str, ref: str | None) -> int:
         for k, v in sorted(version.tags.items()):
             print(f"  {k}: {v}")
         return 0
-    recomputed, registered = registry.evaluate_version(version, settings.tracking_uri(),
-                                                           settings.data_dir())
+    recomputed, registered = registry.evaluate_version(version, settings.tracking_uri,
+                                                       settings.data_dir)
     rel = abs(recomputed - registered) / registered
     ok = rel <= REL_TOLERANCE
     print(f"{version.name} version {version.version}: test perplexity {recomputed:.4f} "

@@ -1,16 +1,17 @@
 """Ray Tune over a grid of trials, each trial one Ray Train run (``TorchTrainer``).
 
-Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` and
-keeps the ledger and the trial's MLflow run in step with it. The Train run is named after the
-trial hash under ``<CEMLAB_HOME>/ray_results/trials``: launching the same trial again makes
-Ray Train restore its checkpoint manager, so ``ray.train.get_checkpoint()`` in the workers
-returns the last checkpoint and training resumes from there.
+Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
+``functools.partial(run_in_ray, job)`` (the typed ``Job`` is all that crosses to the workers) and
+records the outcome in the ledger, which MLflow then follows (``record``). The Train run is named
+after the trial hash under ``<results>/trials``: launching the same trial again makes Ray Train
+restore its checkpoint manager, so the workers resume from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
+from dataclasses import dataclass
 
 import ray
 import ray.tune
@@ -20,76 +21,80 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from orchestrator import tracking
-from orchestrator.ledger import Ledger
-from orchestrator.spec import ResourcesSpec
+from orchestrator.ledger import Ledger, Status
+from workloads.base import Job, get_workload
+from workloads.session import run_in_ray
 
 # Tune needs a non-empty resource request per trial; the driver itself only waits on its
 # Train run (whose workers hold the CPUs/GPUs), so it asks for a token amount of memory.
 _DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
 
 
-def _train_fn(workload: str):
-    if workload == "gp_regression":
-        from workloads.gp.train import train_gp_per_worker
+@dataclass(frozen=True)
+class Task:
+    """One pending trial for ``trial_driver``: its ``Job``, its ledger row and where the ledger
+    and the Train run's storage are."""
 
-        return train_gp_per_worker
-    from workloads.train import train_loop_per_worker
+    job: Job
+    row_id: int
+    ledger_url: str
+    storage_path: str
 
-    return train_loop_per_worker
+    @property
+    def name(self) -> str:
+        return f"trial-{self.job.trial.trial_id}"
 
 
-def trial_driver(config: dict[str, Any], trials: dict[str, dict[str, Any]]) -> None:
-    """Tune trainable: train trial ``config["trial_id"]`` with Ray Train, recording it in the
-    ledger and MLflow.
+def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, status: Status,
+           **fields) -> None:
+    """Set a trial's status (and ``fields``) in the ledger, then make its MLflow run follow."""
+    ledger.update_trial(row_id, status=status, **fields)
+    tracking.mirror_status(client, run_id, status)
 
-    ``trials[trial_id]`` holds ``workload``, ``job`` (the worker config), ``metric``,
-    ``ledger_url``, ``tracking_uri``, ``row_id``, ``run_id``, ``trial_id``, ``storage_path``
-    and ``resources`` (``ResourcesSpec`` fields).
+
+def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
+    """Tune trainable: train ``tasks[config["trial_id"]]`` with Ray Train, recording it in the
+    ledger (and so in MLflow).
 
     Raises:
         ray.train.TrainingFailedError: the Train run failed (after marking the trial FAILED).
     """
-    c = trials[config["trial_id"]]
-    ledger, client = Ledger(c["ledger_url"]), MlflowClient(c["tracking_uri"])
-    r = ResourcesSpec(**c["resources"])
-    name = f"trial-{c['trial_id']}"
-    ledger.update_trial(c["row_id"], status="RUNNING",
-                        checkpoint_path=f"{c['storage_path']}/{name}")
-    tracking.reopen_run(client, c["run_id"])
+    task = tasks[config["trial_id"]]
+    job, r = task.job, task.job.trial.resources
+    ledger, client = Ledger(task.ledger_url), MlflowClient(job.tracking_uri)
+    record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
+           checkpoint_path=f"{task.storage_path}/{task.name}")
     trainer = TorchTrainer(
-        _train_fn(c["workload"]), train_loop_config=c["job"],
+        functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={"CPU": r.cpus_per_worker}),
-        run_config=RunConfig(name=name, storage_path=c["storage_path"],
+        run_config=RunConfig(name=task.name, storage_path=task.storage_path,
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              callbacks=[TuneReportCallback()]))
     try:
         result = trainer.fit()
     except Exception as e:
-        ledger.update_trial(c["row_id"], status="FAILED", error=str(e)[-2000:])
-        tracking.end_run(client, c["run_id"], ok=False)
+        record(ledger, client, task.row_id, job.run_id, Status.FAILED, error=str(e)[-2000:])
         raise
-    ledger.update_trial(c["row_id"], status="FINISHED", metric=result.metrics[c["metric"]],
-                        checkpoint_path=result.checkpoint.path if result.checkpoint else None,
-                        error=None)
-    tracking.end_run(client, c["run_id"], ok=True)
+    metric = get_workload(job.trial.workload).metric
+    record(ledger, client, task.row_id, job.run_id, Status.FINISHED,
+           metric=result.metrics[metric], error=None,
+           checkpoint_path=result.checkpoint.path if result.checkpoint else None)
 
 
-def run_grid(name: str, trials: list[dict[str, Any]], resources: ResourcesSpec,
-             storage_path: str) -> None:
-    """Run ``trials`` (``trial_driver`` configs) with Ray Tune, as many at once as the connected
-    cluster fits; each trial's outcome lands in the ledger and MLflow."""
-    total = ray.cluster_resources()
-    concurrency = resources.trials_that_fit(total.get("CPU", 0), total.get("GPU", 0))
-    by_id = {c["trial_id"]: c for c in trials}
-    print(f"[cemlab] Ray Tune: {len(trials)} trial(s), up to {concurrency} at once", flush=True)
+def run_grid(name: str, tasks: list[Task], storage_path: str, concurrency: int) -> None:
+    """Run ``tasks`` with Ray Tune, ``concurrency`` at once; each outcome lands in the ledger
+    and MLflow."""
+    by_id = {t.job.trial.trial_id: t for t in tasks}
+    print(f"[cemlab] Ray Tune: {len(tasks)} trial(s), up to {concurrency} at once", flush=True)
     tuner = ray.tune.Tuner(
-        ray.tune.with_resources(ray.tune.with_parameters(trial_driver, trials=by_id),
+        ray.tune.with_resources(ray.tune.with_parameters(trial_driver, tasks=by_id),
                                 _DRIVER_RESOURCES),
         param_space={"trial_id": ray.tune.grid_search(list(by_id))},
         tune_config=ray.tune.TuneConfig(
             max_concurrent_trials=concurrency,
-            trial_name_creator=lambda t: by_id[t.config["trial_id"]]["label"].replace(" ", "_"),
+            trial_name_creator=lambda t: by_id[t.config["trial_id"]].job.trial.label.replace(
+                " ", "_"),
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                       storage_path=f"{storage_path}/tune", verbose=1))

@@ -1,157 +1,118 @@
-"""Expand a spec into its grid of trials and describe them, without training anything."""
+"""Expand a validated spec into its grid of typed ``Trial``s, computed once: resolved models,
+budgets (steps, tokens, FLOPs, parameters, from the workload), batch geometry and trial ids.
+Also how many trials fit on the cluster at once, and the plan as a table. Trains nothing."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
-
-import torch
+import os
+from typing import Any
 
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.gp import GPRegressor, gp_flops_per_sample
-from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
-from workloads.train import steps_for
-
-# Engine options and logging that do not change what a trial computes: left out of its identity.
-_NOT_SCIENCE = {"micro_batch_size", "log_interval", "energy_diagnostics", "zero_stage"}
+from workloads.base import Trial, get_workload
+from workloads.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
+from workloads.models import ModelConfig
 
 
-@dataclass(frozen=True)
-class Trial:
-    """One training run of the grid.
-
-    ``tokens`` counts training tokens (examples for the GP workload); ``flops`` the forward +
-    backward FLOPs of the whole trial; ``params`` the ``count_parameters`` roles plus
-    ``non_embedding``.
-    """
-
-    trial_id: str
-    dataset: str
-    variant: str
-    size: str
-    lr: float
-    seed: int
-    model: ModelConfig
-    params: dict[str, int]
-    tokens: int
-    steps: int
-    flops: float
-    micro_batch_size: int
-    grad_accum: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.variant}@{self.size} lr={self.lr:g} seed={self.seed}"
-
-
-def parameter_counts(cfg: ModelConfig, gp_input_dim: int | None = None) -> dict[str, int]:
-    """``count_parameters`` roles and ``non_embedding`` of the model ``cfg`` describes (a
-    ``GPRegressor`` when ``gp_input_dim`` is given), built on the meta device (no memory)."""
-    with torch.device("meta"):
-        if gp_input_dim is None:
-            counts = count_parameters(build_model(cfg))
-        else:
-            model = GPRegressor(cfg, gp_input_dim)
-            mlp = sum(p.numel() for p in model.blocks.parameters())
-            total = sum(p.numel() for p in model.parameters())
-            counts = {"total": total, "embedding": 0, "attention": 0, "mlp": mlp,
-                      "other": total - mlp}
-    return {**counts, "non_embedding": counts["total"] - counts["embedding"]}
+def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,
+                   micro_batches: bool = True) -> tuple[int, int]:
+    """``(micro_batch_size, grad_accum)`` per worker: the largest micro-batch <=
+    ``training.micro_batch_size`` that divides the worker's share of the global batch, or the
+    whole share in one pass for a workload that does not micro-batch."""
+    share = training.batch_size // resources.num_workers
+    if not micro_batches:
+        return share, 1
+    micro = max(m for m in range(1, min(share, training.micro_batch_size) + 1) if share % m == 0)
+    return micro, share // micro
 
 
 def trial_id(spec: ExperimentSpec, model: ModelConfig, dataset: str, lr: float, seed: int,
              tokens: int) -> str:
     """Hash of a trial's scientific identity: workload, dataset, model, data, budget, optimizer,
     learning rate and seed; not its resources, micro-batching or logging."""
-    data = spec.gp.model_dump(exclude={"kernels"}) if spec.workload == "gp_regression" else (
-        spec.data.model_dump())
     identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
-                "data": data, "training": spec.training.model_dump(exclude=_NOT_SCIENCE),
+                "data": get_workload(spec.workload).identity(spec.workload_config),
+                "training": spec.training.model_dump(exclude=NOT_SCIENCE),
                 "lr": lr, "seed": seed, "tokens": tokens}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def token_budget(spec: ExperimentSpec, size: str, vocab_size: int | None = None) -> int:
-    """``training.tokens``, else Chinchilla: ``tokens_per_param`` x total parameters of the
-    Llama baseline of ``size`` x ``budget_scale`` (paper Sec. 4, App. C.3)."""
-    t = spec.training
-    if t.tokens is not None:
-        return t.tokens
-    baseline = parameter_counts(spec.baseline_model(size, vocab_size))["total"]
-    return max(1, round(t.tokens_per_param * baseline * t.budget_scale))
-
-
-def plan_trials(spec: ExperimentSpec, vocab_size: int | None = None) -> list[Trial]:
+def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     """Every dataset x size x variant x learning rate x seed of ``spec``, in that order.
 
-    ``vocab_size`` (the prepared tokenizer's size) replaces ``data.vocab_size`` when given.
-    A language-model trial runs ``ceil(budget / (batch_size x context_length))`` steps; a GP
-    trial ``gp.steps`` steps of ``batch_size`` examples.
+    ``data`` is the workload's prepared data (``Workload.prepare``); with it, models get the
+    prepared vocabulary (a tokenizer's real size), without it the spec's.
     """
-    micro, accum = spec.training.micro_batch(spec.resources.num_workers)
-    gp = spec.workload == "gp_regression"
+    workload = get_workload(spec.workload)
+    config = spec.workload_config
+    vocab = workload.vocab_size(config, data)
+    micro, accum = batch_geometry(spec.training, spec.resources, workload.micro_batches)
     trials = []
-    for dataset in spec.datasets():
+    for dataset in workload.datasets(config):
         for size in spec.sizes:
-            budget = None if gp else token_budget(spec, size, vocab_size)
-            for variant in spec.variants:
-                model = spec.resolve_model(size, variant)
-                if vocab_size is not None:
-                    model = dataclasses.replace(model, vocab_size=vocab_size)
-                if gp:
-                    steps = spec.gp.steps
-                    tokens = steps * spec.training.batch_size
-                    per_token = gp_flops_per_sample(model, spec.gp.input_dim)
-                    params = parameter_counts(model, spec.gp.input_dim)
-                else:
-                    steps = steps_for(budget, spec.training.batch_size, model.context_length)
-                    tokens = steps * spec.training.batch_size * model.context_length
-                    per_token = flops_per_token(model, model.context_length)
-                    params = parameter_counts(model)
+            for variant, overrides in spec.variants.items():
+                model = overrides.resolve(size, vocab)
+                budget = workload.budget(config, spec.training, size, model)
                 for lr in spec.learning_rates:
                     for seed in spec.seeds:
                         trials.append(Trial(
-                            trial_id(spec, model, dataset, lr, seed, tokens), dataset, variant,
-                            size, lr, seed, model, params, tokens, steps, per_token * tokens,
-                            micro, accum))
+                            trial_id(spec, model, dataset, lr, seed, budget.units),
+                            spec.workload, dataset, variant, size, lr, seed, model, config,
+                            spec.training, spec.resources, budget, micro, accum))
     return trials
 
 
+def capacity() -> tuple[float, float]:
+    """``(CPUs, GPUs)`` that trials can use: the connected Ray cluster's, or, with no Ray
+    connection, this machine's (what a local Ray instance gets)."""
+    import ray
+
+    if ray.is_initialized():
+        total = ray.cluster_resources()
+        return total.get("CPU", 0.0), total.get("GPU", 0.0)
+    import torch
+
+    return float(os.cpu_count() or 1), float(torch.cuda.device_count())
+
+
+def concurrency(spec: ExperimentSpec) -> int:
+    """How many trials of ``spec`` Ray Tune runs at once on ``capacity()``."""
+    return spec.resources.trials_that_fit(*capacity())
+
+
 def format_plan(spec: ExperimentSpec, trials: list[Trial],
-                wall_s: dict[str, float] | None = None, concurrency: int = 1) -> str:
-    """The grid as a table (one row per trial) with totals.
+                wall_s: dict[str, float] | None = None, slots: int = 1) -> str:
+    """The grid as a table (one row per trial, ``#`` its row number) with totals.
 
     ``wall_s`` maps trial ids to estimated wall seconds (``orchestrator.calibrate``); the total
-    wall time runs them in order on ``concurrency`` slots, each trial taking the first free one
-    (as Ray Tune schedules a grid).
+    wall time runs them in order on ``slots`` slots, each trial taking the first free one (as
+    Ray Tune schedules a grid).
     """
-    gp = spec.workload == "gp_regression"
-    rows = [{"trial": t.trial_id, **({"dataset": t.dataset} if gp else {}),
+    unit = get_workload(spec.workload).unit
+    several = len({t.dataset for t in trials}) > 1
+    rows = [{"#": i, "trial": t.trial_id, **({"dataset": t.dataset} if several else {}),
              "variant": t.variant, "size": t.size, "lr": f"{t.lr:g}", "seed": t.seed,
              "params": t.params["total"], "non-emb": t.params["non_embedding"],
-             "attn": t.params["attention"], "mlp": t.params["mlp"],
-             "examples" if gp else "tokens": t.tokens, "steps": t.steps,
-             "FLOPs": f"{t.flops:.3g}",
+             "attn": t.params["attention"], "mlp": t.params["mlp"], unit: t.tokens,
+             "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
              **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
-            for t in trials]
-    r, tr = spec.resources, spec.training
-    unit = "examples" if gp else "sequences"
+            for i, t in enumerate(trials)]
+    r, tr, first = spec.resources, spec.training, trials[0]
     head = (f"experiment {spec.name} ({spec.workload}): {len(trials)} trial(s); each "
             f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
-            f", ZeRO {tr.zero_stage}, global batch {tr.batch_size} {unit} = "
-            f"{trials[0].micro_batch_size} per micro-batch x {trials[0].grad_accum} accumulation "
-            f"x {r.num_workers} worker(s)")
-    total = (f"total: {sum(t.tokens for t in trials):,} {'examples' if gp else 'tokens'}, "
-             f"{sum(t.steps for t in trials):,} steps, {sum(t.flops for t in trials):.3g} FLOPs")
+            f", ZeRO {tr.zero_stage}, global batch {tr.batch_size} = {first.micro_batch_size} "
+            f"per micro-batch x {first.grad_accum} accumulation x {r.num_workers} worker(s)")
+    total = (f"total: {sum(t.tokens for t in trials):,} {unit}, "
+             f"{sum(t.steps for t in trials):,} steps, "
+             f"{sum(t.budget.flops for t in trials):.3g} FLOPs")
     if wall_s:
-        slots = [0.0] * concurrency
+        free = [0.0] * slots
         for t in trials:
-            slots[slots.index(min(slots))] += wall_s[t.trial_id]
-        total += f", est. wall {_duration(max(slots))} ({concurrency} trial(s) at once)"
-    return "\n".join([head, format_table(rows, list(rows[0])), total])
+            free[free.index(min(free))] += wall_s[t.trial_id]
+        total += f", est. wall {_duration(max(free))} ({slots} trial(s) at once)"
+    return "\n".join([head, format_table(rows), total])
 
 
 def _duration(seconds: float) -> str:

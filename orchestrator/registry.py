@@ -7,7 +7,6 @@ tokens, data config and experiment.
 
 from __future__ import annotations
 
-import json
 import math
 
 import mlflow
@@ -16,9 +15,9 @@ import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from orchestrator.plan import Trial
+from workloads.base import Trial
 from workloads.data import CorpusConfig, prepare_corpus
-from workloads.train import sequence_nll
+from workloads.language_model import sequence_nll
 
 ALIAS = "best"
 
@@ -28,12 +27,12 @@ def model_name(variant: str, size: str) -> str:
 
 
 def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
-                  results: dict[str, tuple[str, float]], data: dict) -> list[str]:
+                  results: dict[str, tuple[str, float]]) -> list[str]:
     """Register the best finished trial of every (variant, size) unless alias ``best`` already
     names a version with a perplexity at least as good (so resubmitting registers nothing).
 
-    ``results`` maps trial ids to ``(mlflow run id, test perplexity)``; ``data`` is the
-    ``CorpusConfig`` fields. Returns ``name@alias -> version`` lines of what was registered.
+    ``results`` maps trial ids to ``(mlflow run id, test perplexity)``. Returns
+    ``name@alias -> version`` lines of what was registered.
     """
     best: dict[tuple[str, str], Trial] = {}
     for t in trials:
@@ -55,7 +54,7 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
                 "variant": variant, "size": size, "lr": repr(t.lr), "seed": str(t.seed),
                 "params_total": str(t.params["total"]),
                 "params_non_embedding": str(t.params["non_embedding"]),
-                "tokens": str(t.tokens), "data": json.dumps(data, sort_keys=True),
+                "tokens": str(t.tokens), "data": t.config.model_dump_json(),
                 "context_length": str(t.model.context_length)}
         version = client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id,
                                               tags=tags)
@@ -114,7 +113,7 @@ def evaluate_version(version, tracking_uri: str, data_dir, batch_size: int = 8,
     mlflow.set_tracking_uri(tracking_uri)  # models:/ URIs resolve through the global client
     model = mlflow.pytorch.load_model(f"models:/{version.name}/{version.version}",
                                       map_location="cpu")
-    corpus = prepare_corpus(CorpusConfig(**json.loads(version.tags["data"])), data_dir)
+    corpus = prepare_corpus(CorpusConfig.model_validate_json(version.tags["data"]), data_dir)
     dataset = corpus.dataset("test", int(version.tags["context_length"]))
     model.eval()
     nll, n = sequence_nll(model, dataset, range(len(dataset)), batch_size, torch.device("cpu"))

@@ -1,5 +1,5 @@
-"""From the ledger to the experiment's results: Akima optima per (dataset, variant, size),
-stored on the MLflow parent run and printed."""
+"""From the ledger to an experiment's results: its rows on the current grid, Akima optima per
+(dataset, variant, size), stored on the MLflow parent run and printed; progress by status."""
 
 from __future__ import annotations
 
@@ -8,22 +8,29 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from orchestrator.analysis import Point, optima_table
-from orchestrator.ledger import Ledger, TrialRow
+from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
+from workloads.base import get_workload
 
 TABLE_ARTIFACT = "akima_optima.json"
 
 
 def metric_name(spec: ExperimentSpec) -> str:
-    """The test metric a trial is judged by: test perplexity, or test RMSE for GP regression."""
-    return "test_rmse" if spec.workload == "gp_regression" else "test_perplexity"
+    """The test metric a trial of ``spec`` is judged by (the workload's, e.g. test perplexity)."""
+    return get_workload(spec.workload).metric
+
+
+def short_metric(spec: ExperimentSpec) -> str:
+    """``metric_name`` without ``test_`` (``perplexity``, ``rmse``): the optima's column."""
+    return metric_name(spec).removeprefix("test_")
 
 
 def in_grid(spec: ExperimentSpec, row: TrialRow) -> bool:
     """Whether a ledger row lies on the spec's current grid (a spec edited to a smaller grid
     keeps its old rows in the ledger, outside the analysis)."""
-    return (row.dataset in spec.datasets() and row.variant in spec.variants
+    datasets = get_workload(spec.workload).datasets(spec.workload_config)
+    return (row.dataset in datasets and row.variant in spec.variants
             and row.size in spec.sizes and row.seed in spec.seeds
             and any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.learning_rates))
 
@@ -44,19 +51,18 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
 def optima(spec: ExperimentSpec, rows: list[TrialRow]) -> list[dict]:
     """``optima_table`` of the finished rows."""
     points = [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.metric) for r in rows
-              if r.status == "FINISHED" and r.metric is not None]
-    return optima_table(points, metric_name(spec).removeprefix("test_")) if points else []
+              if r.status == Status.FINISHED and r.metric is not None]
+    return optima_table(points, short_metric(spec)) if points else []
 
 
 def store_on_parent(client: MlflowClient, parent_run_id: str, table: list[dict],
                     metric: str) -> None:
     """Log the optima as metrics ``<dataset>/<variant>/<size>/opt_lr`` (and ``opt_<metric>``,
     with ``_std``) and the whole table as artifact ``akima_optima.json`` of the parent run."""
-    now, metrics = 0, []
-    for row in table:
-        prefix = f"{row['dataset']}/{row['variant']}/{row['size']}"
-        for key in ("opt_lr", "opt_lr_std", f"opt_{metric}", f"opt_{metric}_std"):
-            metrics.append(Metric(f"{prefix}/{key}", float(row[key]), now, 0))
+    metrics = [Metric(f"{row['dataset']}/{row['variant']}/{row['size']}/{key}",
+                      float(row[key]), 0, 0)
+               for row in table
+               for key in ("opt_lr", "opt_lr_std", f"opt_{metric}", f"opt_{metric}_std")]
     if metrics:
         client.log_batch(parent_run_id, metrics=metrics)
         client.log_table(parent_run_id, data=pd.DataFrame(table), artifact_file=TABLE_ARTIFACT)
@@ -68,27 +74,29 @@ def format_optima(table: list[dict], metric: str) -> str:
              "seeds": r["seeds"], "LRs": r["lrs"],
              "optimal LR": _pm(r["opt_lr"], r["opt_lr_std"], "{:.2e}"),
              f"optimal {metric}": _pm(r[f"opt_{metric}"], r[f"opt_{metric}_std"], "{:.3f}"),
-             f"best tried {metric}": round(r[f"best_tried_{metric}"], 3)} for r in table]
-    out = format_table(rows, list(rows[0]))
+             f"best tried {metric}": f"{r[f'best_tried_{metric}']:.3f}"} for r in table]
     warnings = [f"warning: {r['variant']}@{r['size']} ({r['dataset']}): {r['warning']}"
                 for r in table if r["warning"]]
-    return "\n".join([out, *warnings])
+    return "\n".join([format_table(rows), *warnings])
 
 
 def _pm(mean: float, std: float, fmt: str) -> str:
     return f"{fmt.format(mean)} ± {fmt.format(std)}"
 
 
+def status_counts(rows: list[TrialRow]) -> dict[Status, int]:
+    """How many rows have each status, every ``Status`` present."""
+    return {s: sum(r.status == s for r in rows) for s in Status}
+
+
 def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> str:
     """Progress of an experiment: counts by status, then one line per trial."""
-    counts = {s: sum(r.status == s for r in rows) for s in ("FINISHED", "RUNNING", "PENDING",
-                                                            "FAILED")}
     head = (f"experiment {spec.name}: {planned} trial(s) planned, "
-            + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
+            + ", ".join(f"{n} {s.lower()}" for s, n in status_counts(rows).items())
             + f", {max(planned - len(rows), 0)} not yet submitted")
     table = [{"trial": r.trial_hash, "dataset": r.dataset, "variant": r.variant,
-              "size": r.size, "lr": f"{r.lr:g}", "seed": r.seed, "status": r.status,
+              "size": r.size, "lr": f"{r.lr:g}", "seed": r.seed, "status": str(r.status),
               metric_name(spec): r.metric, "mlflow run": r.mlflow_run_id,
               "updated": r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
               "checkpoint": r.checkpoint_path} for r in rows]
-    return "\n".join([head, format_table(table, list(table[0]))]) if table else head
+    return "\n".join([head, format_table(table)]) if table else head

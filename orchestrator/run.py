@@ -1,55 +1,162 @@
-"""Drive an experiment: prepare data, claim trials in the ledger, run the rest with Ray Tune,
-then analyse (Akima optima) and register the best models."""
+"""Drive an experiment, in stages a reader can follow top to bottom (``run_experiment``):
+
+1. ``prepare``: the workload prepares its data; the plan is computed once from it.
+2. ``open_books``: the ledger's experiment row and the MLflow experiment and parent run.
+3. ``claim``: a ledger row and one MLflow run per trial; finished trials are skipped.
+4. ``launch``: Ray Tune runs the unfinished trials (each a Ray Train run).
+5. ``analyse``: the ledger's rows of this plan, Akima optima stored on the parent run.
+6. ``report``: the results table and the optima, printed.
+7. ``register``: the best model per (variant, size) into the MLflow registry.
+8. ``close``: the parent run's status follows the ledger.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import ray
 from mlflow import MlflowClient
 
-from orchestrator import launch, settings, tracking
-from orchestrator.ledger import Ledger
-from orchestrator.plan import Trial, format_plan, plan_trials
+from orchestrator import launch as tune
+from orchestrator import tracking
+from orchestrator.ledger import Ledger, Status, TrialRow
+from orchestrator.plan import concurrency, format_plan, plan
 from orchestrator.registry import register_best
 from orchestrator.results import (
     experiment_rows,
     format_optima,
     metric_name,
     optima,
+    short_metric,
     store_on_parent,
 )
+from orchestrator.settings import Settings
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.data import prepare_corpus
-from workloads.gp.train import GPJob
-from workloads.train import TrainJob
+from workloads.base import Job, Prepared, Trial, get_workload
 
 
-def _job(spec: ExperimentSpec, trial: Trial, corpus: dict | None, uri: str,
-         run_id: str) -> dict:
-    """The worker config of one trial (``TrainJob`` or ``GPJob`` as a dict)."""
-    t, r = spec.training, spec.resources
-    optim = dataclasses.asdict(t.optim_config(trial.lr))
-    if spec.workload == "gp_regression":
-        g = spec.gp
-        return GPJob(model=trial.model.to_dict(), kernel=trial.dataset.removeprefix("gp-"),
-                     input_dim=g.input_dim, n_train=g.n_train, n_val=g.n_val, n_test=g.n_test,
-                     noise_std=g.noise_std, data_seed=g.data_seed, optim=optim,
-                     steps=trial.steps, batch_size=t.batch_size, eval_interval=t.eval_interval,
-                     log_interval=t.log_interval, seed=trial.seed,
-                     threads_per_worker=r.cpus_per_worker, tracking_uri=uri,
-                     run_id=run_id).to_dict()
-    return TrainJob(model=trial.model.to_dict(), corpus=corpus, optim=optim, tokens=trial.tokens,
-                    batch_size=t.batch_size, micro_batch_size=trial.micro_batch_size,
-                    world_size=r.num_workers, zero_stage=t.zero_stage, precision=t.precision,
-                    eval_interval=t.eval_interval, eval_sequences=t.eval_sequences,
-                    log_interval=t.log_interval, seed=trial.seed,
-                    threads_per_worker=r.cpus_per_worker,
-                    energy_diagnostics=t.energy_diagnostics, tracking_uri=uri,
-                    run_id=run_id).to_dict()
+@dataclass(frozen=True)
+class Books:
+    """Where an experiment is recorded: the ledger (which decides every trial's status) and
+    MLflow (which follows it)."""
+
+    settings: Settings
+    ledger: Ledger
+    client: MlflowClient
+    experiment_row_id: int
+    mlflow_experiment_id: str
+    parent_run_id: str
+
+
+def prepare(spec: ExperimentSpec, settings: Settings) -> tuple[Prepared, list[Trial]]:
+    """The workload's data, ready on this node, and the plan computed from it."""
+    workload = get_workload(spec.workload)
+    print(f"[cemlab] preparing the data of '{spec.name}' ({workload.name}) in "
+          f"{settings.data_dir}", flush=True)
+    prepared = workload.prepare(spec.workload_config, str(settings.data_dir))
+    if prepared.summary:
+        print(f"[cemlab] {prepared.summary}", flush=True)
+    trials = plan(spec, prepared.data)
+    print(format_plan(spec, trials), flush=True)
+    return prepared, trials
+
+
+def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Books:
+    """The experiment's ledger row, MLflow experiment and parent run (created once, then
+    reused), with the parent run marked running."""
+    ledger = Ledger(settings.ledger_url)
+    client = MlflowClient(settings.tracking_uri)
+    exp = ledger.ensure_experiment(spec.name, spec.workload, spec_yaml)
+    exp_id = tracking.experiment_id(client, spec.name)
+    parent = exp.parent_run_id or tracking.start_parent_run(client, exp_id, spec, spec_yaml)
+    ledger.update_experiment(exp.id, mlflow_experiment_id=exp_id, parent_run_id=parent)
+    tracking.mirror_status(client, parent, Status.RUNNING)
+    return Books(settings, ledger, client, exp.id, exp_id, parent)
+
+
+def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Task]:
+    """A ledger row and one MLflow run per trial (never two, even after a crash between
+    creating the run and recording it); the unfinished trials as Tune tasks."""
+    tasks = []
+    for trial in trials:
+        row = books.ledger.ensure_trial(books.experiment_row_id, trial.trial_id,
+                                        dataset=trial.dataset, variant=trial.variant,
+                                        size=trial.size, lr=trial.lr, seed=trial.seed)
+        if row.status == Status.FINISHED:
+            print(f"[cemlab] {trial.label} ({trial.trial_id}): finished, skipped", flush=True)
+            continue
+        run_id = row.mlflow_run_id
+        if run_id is None:
+            run_id = (tracking.find_trial_run(books.client, books.mlflow_experiment_id,
+                                              trial.trial_id)
+                      or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
+                                                  books.parent_run_id, trial,
+                                                  prepared.metrics))
+            books.ledger.update_trial(row.id, mlflow_run_id=run_id)
+        tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING)
+        job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
+        tasks.append(tune.Task(job, row.id, books.settings.ledger_url,
+                               f"{books.settings.results_dir}/trials"))
+    return tasks
+
+
+def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings) -> None:
+    """Run ``tasks`` with Ray Tune on the cluster that ``RAY_ADDRESS`` names (inside
+    ``ray job submit``), else on a local Ray instance started here (never on whatever cluster
+    last ran on this machine, possibly a dead one)."""
+    if not tasks:
+        return
+    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
+    tune.run_grid(spec.name, tasks, settings.results_dir, concurrency(spec))
+
+
+def analyse(spec: ExperimentSpec, trials: list[Trial], books: Books,
+            ) -> tuple[list[TrialRow], list[dict[str, Any]]]:
+    """The ledger rows of this plan and their Akima optima, stored on the parent run."""
+    rows = experiment_rows(spec, books.ledger, {t.trial_id for t in trials})
+    table = optima(spec, rows)
+    store_on_parent(books.client, books.parent_run_id, table, short_metric(spec))
+    return rows, table
+
+
+def report(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
+           table: list[dict[str, Any]], wall_s: float) -> None:
+    """Print every trial's status and metric, then the optima."""
+    metric = metric_name(spec)
+    by_hash = {r.trial_hash: r for r in rows}
+    print(f"\n[cemlab] results of '{spec.name}' (wall {wall_s:.0f}s)")
+    print(format_table([{"dataset": t.dataset, "variant": t.variant, "size": t.size,
+                         "lr": f"{t.lr:g}", "seed": t.seed, "params": t.params["total"],
+                         "tokens": t.tokens, "status": str(by_hash[t.trial_id].status),
+                         metric: by_hash[t.trial_id].metric}
+                        for t in trials if t.trial_id in by_hash]))
+    if table:
+        print(f"\n[cemlab] Akima optima over log2(LR) of {metric}")
+        print(format_optima(table, short_metric(spec)))
+
+
+def register(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
+             books: Books) -> None:
+    """Register the best finished trial per (variant, size), when the workload's models are
+    registrable."""
+    if not get_workload(spec.workload).registers_models:
+        return
+    results = {r.trial_hash: (r.mlflow_run_id, r.metric) for r in rows}
+    for line in register_best(books.client, spec.name, trials, results):
+        print(f"[cemlab] registered {line}")
+
+
+def close(books: Books, done: bool) -> None:
+    """The parent run finishes when every trial has, else fails; print where to look."""
+    tracking.mirror_status(books.client, books.parent_run_id,
+                           Status.FINISHED if done else Status.FAILED)
+    uri = books.settings.tracking_uri
+    url = tracking.ui_url(uri, books.mlflow_experiment_id)
+    print(f"\nMLflow: {url or uri}\nDashboard: make dashboard", flush=True)
 
 
 def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
@@ -63,76 +170,14 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
         True when every trial of the grid has finished.
     """
     started = time.perf_counter()
-    corpus, extra = None, {}
-    if spec.workload == "language_model":
-        print(f"[cemlab] preparing corpus '{spec.data.source}' in {settings.data_dir()}",
-              flush=True)
-        prepared = prepare_corpus(spec.data.corpus_config(), settings.data_dir())
-        print(f"[cemlab] corpus: {prepared.n_tokens} tokens, {prepared.n_documents} documents, "
-              f"unigram test perplexity {prepared.unigram_test_perplexity:.1f}", flush=True)
-        corpus, extra = prepared.to_dict(), {
-            "unigram_test_perplexity": prepared.unigram_test_perplexity}
-    trials = plan_trials(spec, vocab_size=corpus["vocab_size"] if corpus else None)
-    print(format_plan(spec, trials), flush=True)
-
-    uri = settings.tracking_uri()
-    client = MlflowClient(uri)
-    ledger_url = settings.ledger_url()
-    ledger = Ledger(ledger_url)
-    results_dir = settings.cemlab_home() / "ray_results"  # Tune state and trial checkpoints
-    exp = ledger.ensure_experiment(spec.name, spec.workload, spec_yaml)
-    exp_id = tracking.experiment_id(client, spec.name)
-    parent = exp.parent_run_id or tracking.start_parent_run(client, exp_id, spec, spec_yaml)
-    ledger.update_experiment(exp.id, mlflow_experiment_id=exp_id, parent_run_id=parent)
-    tracking.reopen_run(client, parent)
-
-    pending = []
-    for trial in trials:
-        row = ledger.ensure_trial(exp.id, trial.trial_id, dataset=trial.dataset,
-                                  variant=trial.variant, size=trial.size, lr=trial.lr,
-                                  seed=trial.seed)
-        if row.status == "FINISHED":
-            print(f"[cemlab] {trial.label} ({trial.trial_id}): finished, skipped", flush=True)
-            continue
-        run_id = row.mlflow_run_id
-        if run_id is None:  # never two runs per trial, even after a crash right here
-            run_id = (tracking.find_trial_run(client, exp_id, trial.trial_id)
-                      or tracking.start_trial_run(client, exp_id, parent, spec, trial, extra))
-            ledger.update_trial(row.id, mlflow_run_id=run_id)
-        pending.append({"workload": spec.workload, "trial_id": trial.trial_id,
-                        "label": trial.label, "row_id": row.id, "run_id": run_id,
-                        "metric": metric_name(spec), "ledger_url": ledger_url,
-                        "tracking_uri": uri, "resources": spec.resources.model_dump(),
-                        "storage_path": str(results_dir / "trials"),
-                        "job": _job(spec, trial, corpus, uri, run_id)})
-    if pending:
-        # Inside `ray job submit` RAY_ADDRESS names the cluster; otherwise start a local
-        # instance rather than attach to whatever cluster last ran here (possibly a dead one).
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
-        launch.run_grid(spec.name, pending, spec.resources, str(results_dir))
-
-    rows = experiment_rows(spec, ledger, {t.trial_id for t in trials})
-    done = all(r.status == "FINISHED" for r in rows) and len(rows) == len(trials)
-    short = metric_name(spec).removeprefix("test_")
-    table = optima(spec, rows)
-    store_on_parent(client, parent, table, short)
-    print(f"\n[cemlab] results of '{spec.name}' (wall {time.perf_counter() - started:.0f}s)")
-    by_hash = {r.trial_hash: r for r in rows}
-    print(format_table(
-        [{"dataset": t.dataset, "variant": t.variant, "size": t.size, "lr": f"{t.lr:g}",
-          "seed": t.seed, "params": t.params["total"], "tokens": t.tokens,
-          "status": by_hash[t.trial_id].status, metric_name(spec): by_hash[t.trial_id].metric}
-         for t in trials if t.trial_id in by_hash],
-        ["dataset", "variant", "size", "lr", "seed", "params", "tokens", "status",
-         metric_name(spec)]))
-    if table:
-        print(f"\n[cemlab] Akima optima over log2(LR) of {metric_name(spec)}")
-        print(format_optima(table, short))
-    if done and spec.workload == "language_model":
-        results = {r.trial_hash: (r.mlflow_run_id, r.metric) for r in rows}
-        for line in register_best(client, spec.name, trials, results, spec.data.model_dump()):
-            print(f"[cemlab] registered {line}")
-    tracking.end_run(client, parent, ok=done)
-    url = tracking.ui_url(uri, exp_id)
-    print(f"\nMLflow: {url or uri}\nDashboard: make dashboard", flush=True)
+    settings = Settings()
+    prepared, trials = prepare(spec, settings)
+    books = open_books(spec, spec_yaml, settings)
+    launch(spec, claim(trials, prepared, books), settings)
+    rows, table = analyse(spec, trials, books)
+    report(spec, trials, rows, table, time.perf_counter() - started)
+    done = len(rows) == len(trials) and all(r.status == Status.FINISHED for r in rows)
+    if done:
+        register(spec, trials, rows, books)
+    close(books, done)
     return done

@@ -1,46 +1,55 @@
-"""Where CEM Lab keeps its state and which MLflow tracking server it talks to."""
+"""The orchestrator's settings: local state (``workloads.settings.Paths``), the MLflow tracking
+URI and the ledger's database, from the environment (pydantic-settings)."""
 
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
+
+from pydantic import AliasChoices, Field
+
+from workloads.settings import Paths
 
 log = logging.getLogger(__name__)
 
-
-def cemlab_home() -> Path:
-    """``$CEMLAB_HOME``, else ``./.cemlab``: data cache, Ray results, local service state."""
-    return Path(os.environ.get("CEMLAB_HOME") or Path.cwd() / ".cemlab").resolve()
+_DATABASES = ("sqlite:", "postgresql", "mysql", "mssql")
 
 
-def data_dir() -> Path:
-    """Cache of downloaded corpora, tokenizers and token streams."""
-    return cemlab_home() / "data"
+class Settings(Paths):
+    """``CEMLAB_HOME``, ``MLFLOW_TRACKING_URI`` and ``CEMLAB_LEDGER_URL``.
 
+    Without ``MLFLOW_TRACKING_URI`` tracking goes to an embedded SQLite store under the home
+    (works without services, e.g. on a laptop); without ``CEMLAB_LEDGER_URL`` the ledger lives
+    in MLflow's database when the tracking URI is one, else in that embedded store.
+    """
 
-def tracking_uri() -> str:
-    """``$MLFLOW_TRACKING_URI`` (the local server started by ``make up``), else an embedded
-    SQLite store under ``cemlab_home()`` (works without services, e.g. on a laptop)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    path = cemlab_home() / "mlflow.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("MLFLOW_TRACKING_URI is not set: tracking to %s", path)
-    return f"sqlite:///{path}"
+    mlflow_tracking_uri: str | None = Field(
+        None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "mlflow_tracking_uri"))
+    ledger_url_env: str | None = Field(
+        None, validation_alias=AliasChoices("CEMLAB_LEDGER_URL", "ledger_url"))
 
+    def _embedded_store(self) -> str:
+        path = self.cemlab_home / "mlflow.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
 
-def ledger_url() -> str:
-    """SQLAlchemy URL of the experiment ledger: ``$CEMLAB_LEDGER_URL`` (``make up`` sets it to
-    MLflow's backend store), else the tracking URI when it is a database, else the embedded
-    SQLite store under ``cemlab_home()``."""
-    url = os.environ.get("CEMLAB_LEDGER_URL")
-    if url:
-        return url
-    uri = tracking_uri()
-    if uri.startswith(("sqlite:", "postgresql", "mysql", "mssql")):
-        return uri
-    path = cemlab_home() / "mlflow.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
+    @property
+    def tracking_uri(self) -> str:
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        store = self._embedded_store()
+        log.warning("MLFLOW_TRACKING_URI is not set: tracking to %s", store)
+        return store
+
+    @property
+    def ledger_url(self) -> str:
+        """SQLAlchemy URL of the experiment ledger."""
+        if self.ledger_url_env:
+            return self.ledger_url_env
+        if self.mlflow_tracking_uri and self.mlflow_tracking_uri.startswith(_DATABASES):
+            return self.mlflow_tracking_uri
+        return self._embedded_store()
+
+    @property
+    def results_dir(self) -> str:
+        """Ray Tune state and Ray Train checkpoints."""
+        return str(self.cemlab_home / "ray_results")

@@ -1,5 +1,5 @@
 """MLflow bookkeeping of the driver: one experiment and one parent run per spec, one nested run
-per trial."""
+per trial. A run's status follows its trial's status in the ledger (``mirror_status``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
 
-from orchestrator.plan import Trial
+from orchestrator.ledger import Status
 from orchestrator.spec import ExperimentSpec
+from workloads.base import Trial, get_workload
 
 TRIAL_TAG = "cemlab.trial_id"
 ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
+
+_RUN_STATUS = {Status.PENDING: RunStatus.SCHEDULED, Status.RUNNING: RunStatus.RUNNING,
+               Status.FINISHED: RunStatus.FINISHED, Status.FAILED: RunStatus.FAILED}
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -41,9 +45,10 @@ def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,
     params. Returns its run id."""
     run = client.create_run(exp_id, run_name=spec.name, tags={ROLE_TAG: "experiment",
                                                               "workload": spec.workload})
+    datasets = get_workload(spec.workload).datasets(spec.workload_config)
     axes = {"sizes": ",".join(spec.sizes), "variants": ",".join(spec.variants),
             "learning_rates": ",".join(f"{lr:g}" for lr in spec.learning_rates),
-            "seeds": ",".join(map(str, spec.seeds)), "datasets": ",".join(spec.datasets())}
+            "seeds": ",".join(map(str, spec.seeds)), "datasets": ",".join(datasets)}
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in axes.items()])
     client.log_text(run.info.run_id, spec_yaml, "spec.yaml")
     return run.info.run_id
@@ -56,49 +61,46 @@ def find_trial_run(client: MlflowClient, exp_id: str, trial_id: str) -> str | No
     return runs[0].info.run_id if runs else None
 
 
-def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str,
-                    spec: ExperimentSpec, trial: Trial, extra_metrics: dict[str, float]) -> str:
+def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial: Trial,
+                    extra_metrics: dict[str, float]) -> str:
     """Create the trial's run, nested under the parent, with its resolved config as params and
     its parameter counts.
 
-    Params: ``model.*`` (the resolved ``ModelConfig``), ``data.*`` (``gp.*``), ``training.*``,
-    ``resources.*``, ``lr``, ``seed``, ``dataset``. Metrics at step 0: ``params_<role>`` for
-    every role of ``Trial.params``, ``flops_per_token`` (per example for GP; training,
-    analytic), plus ``extra_metrics``. Returns the run id.
+    Params: ``model.*`` (the resolved ``ModelConfig``), the workload's section (``data.*`` or
+    ``gp.*``), ``training.*``, ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
+    steps and batch geometry. Metrics at step 0: ``params_<role>`` for every role of
+    ``Trial.params``, ``flops_per_token`` (per example for GP; training, analytic), plus
+    ``extra_metrics``. Returns the run id.
     """
     tags = {TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial", PARENT_TAG: parent_run_id,
             "variant": trial.variant, "size": trial.size, "dataset": trial.dataset,
             "lr": f"{trial.lr:g}", "seed": str(trial.seed),
             "attention": trial.model.attention, "mlp": trial.model.mlp}
     run = client.create_run(exp_id, run_name=trial.label, tags=tags)
-    data = ({"gp": spec.gp.model_dump()} if spec.workload == "gp_regression"
-            else {"data": spec.data.model_dump()})
-    params = flatten({"model": trial.model.to_dict(), **data,
-                      "training": spec.training.model_dump(),
-                      "resources": spec.resources.model_dump()})
+    section = get_workload(trial.workload).section
+    params = flatten({"model": trial.model.to_dict(), section: trial.config.model_dump(),
+                      "training": trial.training.model_dump(),
+                      "resources": trial.resources.model_dump()})
     params.update({"trial_id": trial.trial_id, "training.steps": trial.steps, "lr": trial.lr,
                    "seed": trial.seed, "dataset": trial.dataset, "tokens": trial.tokens,
                    "training.micro_batch": trial.micro_batch_size,
                    "training.grad_accum": trial.grad_accum})
-    items = [Param(k, str(v)) for k, v in params.items()]
     now = int(time.time() * 1000)
     metrics = [Metric(f"params_{k}", float(v), now, 0) for k, v in trial.params.items()]
-    metrics.append(Metric("flops_per_token", trial.flops / trial.tokens, now, 0))
+    metrics.append(Metric("flops_per_token", trial.budget.flops / trial.tokens, now, 0))
     metrics += [Metric(k, float(v), now, 0) for k, v in extra_metrics.items()]
-    for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-        client.log_batch(run.info.run_id, params=items[i:i + 100])
-    client.log_batch(run.info.run_id, metrics=metrics)
+    client.log_batch(run.info.run_id, metrics=metrics,
+                     params=[Param(k, str(v)) for k, v in params.items()])
     return run.info.run_id
 
 
-def end_run(client: MlflowClient, run_id: str, ok: bool) -> None:
-    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED if ok
-                                                      else RunStatus.FAILED))
-
-
-def reopen_run(client: MlflowClient, run_id: str) -> None:
-    """Mark an existing run RUNNING again (a resumed trial keeps its one run)."""
-    client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+def mirror_status(client: MlflowClient, run_id: str, status: Status) -> None:
+    """Give MLflow run ``run_id`` the status its trial has in the ledger."""
+    run_status = RunStatus.to_string(_RUN_STATUS[status])
+    if status in (Status.FINISHED, Status.FAILED):
+        client.set_terminated(run_id, run_status)
+    else:
+        client.update_run(run_id, status=run_status)
 
 
 def ui_url(tracking_uri: str, exp_id: str) -> str | None:

@@ -15,6 +15,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from tabulate import tabulate
 
 from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
 from workloads.models.config import CEM_BEST
@@ -64,8 +65,6 @@ def run(preset: str, batch: int, seconds: float) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from orchestrator.table import format_table
-
     parser = argparse.ArgumentParser(prog="python -m workloads.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="micro")
@@ -77,8 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = ModelConfig.from_preset(args.preset)
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
           f"context {cfg.context_length}), batch {args.batch}, {torch.get_num_threads()} threads")
-    print(format_table([{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
-                        for r in rows], list(rows[0])))
+    print(tabulate(rows, headers="keys", floatfmt=",.3f", intfmt=","))
     print(json.dumps(rows))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -6,13 +6,12 @@ import time
 
 
 class MetricSink:
-    """Buffers ``(key, value, step)`` metrics and sends them to MLflow run ``run_id`` in batches.
+    """Buffers ``(key, value, step)`` metrics and sends them to MLflow run ``run_id`` on
+    ``flush`` (``MlflowClient.log_batch`` splits them into batches MLflow accepts).
 
     A sink with no ``run_id`` (or on a non-zero rank) only discards: every rank can call it.
     Metrics go through the tracking server at ``tracking_uri``; nothing opens a store directly.
     """
-
-    _MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
     def __init__(self, tracking_uri: str | None, run_id: str | None, enabled: bool = True) -> None:
         self.run_id = run_id if enabled else None
@@ -32,6 +31,6 @@ class MetricSink:
         self._buffer.extend(self._metric(k, float(v), now, step) for k, v in metrics.items())
 
     def flush(self) -> None:
-        while self._buffer and self._client is not None:
-            batch, self._buffer = self._buffer[:self._MAX_BATCH], self._buffer[self._MAX_BATCH:]
-            self._client.log_batch(self.run_id, metrics=batch)
+        if self._buffer and self._client is not None:
+            self._client.log_batch(self.run_id, metrics=self._buffer)
+            self._buffer = []

@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW and schedule hyperparameters; defaults are the paper's Table 2."""
-
-    lr: float = 0.002
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-9
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    warmup_fraction: float = 0.05
-    final_lr_fraction: float = 0.1
+from workloads.config import TrainingConfig
 
 
 def lr_factor(step: int, total_steps: int, warmup_fraction: float,
@@ -39,17 +26,19 @@ def lr_factor(step: int, total_steps: int, warmup_fraction: float,
     return final_lr_fraction + (1 - final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norm gains and scalar biases are not decayed)."""
+def build_optimizer(model: nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.AdamW:
+    """AdamW at peak learning rate ``lr`` with ``cfg``'s betas, eps and weight decay, the decay
+    on matrices only (norm gains and scalar biases are not decayed)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int,
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig, total_steps: int,
                     ) -> torch.optim.lr_scheduler.LambdaLR:
+    """``lr_factor`` of ``cfg``'s warmup and final fraction over ``total_steps`` optimizer steps."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_fraction, cfg.final_lr_fraction))
 

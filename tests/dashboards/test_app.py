@@ -9,8 +9,9 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from streamlit.testing.v1 import AppTest
 
-from dashboards.mlflow_reads import energy_frame, optima_frame, runs_frame
 from dashboards.plots import energy_descent, family, lr_sweep, perplexity_vs_parameters
+from dashboards.reads import energy_frame, optima_frame, runs_frame, trial_statuses
+from orchestrator.ledger import Ledger, Status
 
 APP = str(Path(__file__).resolve().parents[2] / "dashboards" / "app.py")
 RUNS = {  # variant: (attention, mlp, params_total, test_perplexity)
@@ -25,10 +26,15 @@ RUNS = {  # variant: (attention, mlp, params_total, test_perplexity)
 def store(tmp_path, monkeypatch) -> MlflowClient:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("CEMLAB_LEDGER_URL", uri)  # the ledger shares MLflow's database
     return MlflowClient(uri)
 
 
 def fill(client: MlflowClient, lrs=(0.002,)) -> None:
+    """An experiment ``demo`` in MLflow, and in the ledger with every trial FINISHED except
+    ``cem-mlp`` (RUNNING in the ledger although its MLflow run says FINISHED)."""
+    ledger = Ledger(client.tracking_uri)
+    ledger_exp = ledger.ensure_experiment("demo", "language_model", "")
     exp = client.create_experiment("demo")
     parent = client.create_run(exp, run_name="demo", tags={"cemlab.role": "experiment"})
     client.log_batch(parent.info.run_id, metrics=[
@@ -50,6 +56,10 @@ def fill(client: MlflowClient, lrs=(0.002,)) -> None:
                         for sub in ("attn", "mlp") for layer in range(2) for t in range(3)]
         client.log_batch(run.info.run_id, metrics=metrics)
         client.set_terminated(run.info.run_id)
+        row = ledger.ensure_trial(ledger_exp.id, f"{variant}-{lr}", dataset="shakespeare",
+                                  variant=variant, size="micro", lr=lr, seed=0)
+        ledger.update_trial(row.id, mlflow_run_id=run.info.run_id, status=(
+            Status.RUNNING if variant == "cem-mlp" else Status.FINISHED))
 
 
 def test_dashboard_shows_runs_and_perplexity_vs_parameters(store):
@@ -59,6 +69,9 @@ def test_dashboard_shows_runs_and_perplexity_vs_parameters(store):
     assert at.sidebar.selectbox[0].value == "demo"
     table = at.dataframe[0].value  # the trial runs, not the experiment's parent run
     assert sorted(table["variant"]) == sorted(RUNS)
+    # Status is the ledger's, not MLflow's: cem-mlp is RUNNING there.
+    assert dict(zip(table["variant"], table["status"])) == {
+        v: "RUNNING" if v == "cem-mlp" else "FINISHED" for v in RUNS}
     assert dict(zip(table["variant"], table["test_perplexity"])) == pytest.approx({
         v: r[3] * (1 + (math.log2(0.002) - math.log2(0.003)) ** 2 / 10)
         for v, r in RUNS.items()})
@@ -75,7 +88,8 @@ def test_lr_sweep_shows_every_curve_and_the_akima_optima(store):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
     assert len(at.get("plotly_chart")) == 5  # the sweep joins the four charts
-    runs, optima = runs_frame(store, "demo"), optima_frame(store, "demo")
+    runs = runs_frame(store, "demo", trial_statuses("demo"))
+    optima = optima_frame(store, "demo")
     assert len(runs) == 12 and sorted(runs["lr"].unique()) == [0.001, 0.002, 0.004]
     assert optima.to_dict("records") == [{"dataset": "shakespeare", "variant": "cem",
                                           "size": "micro", "opt_lr": 0.003,
@@ -91,6 +105,15 @@ def test_dashboard_without_runs_says_how_to_get_some(store):
     at = AppTest.from_file(APP, default_timeout=60).run()
     assert not at.exception
     assert "make demo" in at.info[0].value
+
+
+def test_the_dashboard_never_writes_the_ledger(store):
+    store.create_experiment("only-in-mlflow")  # MLflow's tables, no ledger tables yet
+    assert trial_statuses("only-in-mlflow") == {}
+    import sqlalchemy as sa
+
+    tables = sa.inspect(sa.create_engine(store.tracking_uri)).get_table_names()
+    assert not [t for t in tables if t.startswith("cemlab")]
 
 
 def test_energy_descent_has_a_line_per_layer_and_sublayer(store):

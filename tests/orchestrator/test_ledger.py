@@ -1,14 +1,27 @@
-"""The ledger on SQLite and on PostgreSQL: one row per trial, statuses and timestamps."""
+"""The ledger on SQLite and on PostgreSQL: one row per trial, statuses and timestamps, and its
+schema under Alembic (built, adopted, kept apart from MLflow's, opened read-only, raced)."""
 
+import multiprocessing
 import uuid
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy.exc import IntegrityError, StatementError
 
-from orchestrator.ledger import Ledger, TrialRow
+from orchestrator.ledger import (
+    VERSION_TABLE,
+    Base,
+    Ledger,
+    Status,
+    TrialRow,
+    head_revisions,
+    include_name,
+)
 
 PG_SERVER = "postgresql+psycopg2://postgres@127.0.0.1:5432"
+COORDS = {"dataset": "shakespeare", "variant": "cem", "size": "micro", "lr": 0.002, "seed": 0}
 
 
 def _postgres_url():
@@ -35,29 +48,103 @@ def url(request, tmp_path):
         c.execute(sa.text(f"DROP DATABASE {name} WITH (FORCE)"))
 
 
+def _tables(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _query(url: str, sql: str) -> list[tuple]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return [tuple(r) for r in c.exec_driver_sql(sql)]
+    finally:
+        engine.dispose()
+
+
+def _schema_diff(url: str) -> list:
+    """Alembic's differences between the ledger's tables in ``url`` and the ORM metadata."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            context = MigrationContext.configure(c, opts={"include_name": include_name})
+            return compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+
+
 def test_trials_are_recorded_once_with_status_and_timestamps(url):
     ledger = Ledger(url)
     exp = ledger.ensure_experiment("fig3a-cpu", "language_model", "name: fig3a-cpu\n")
     assert ledger.ensure_experiment("fig3a-cpu", "language_model", "edited\n").id == exp.id
-    coords = {"dataset": "shakespeare", "variant": "cem", "size": "micro", "lr": 0.002,
-              "seed": 0}
-    row = ledger.ensure_trial(exp.id, "abc123", **coords)
-    assert row.status == "PENDING" and row.mlflow_run_id is None
-    assert ledger.ensure_trial(exp.id, "abc123", **coords).id == row.id  # no second row
-    ledger.update_trial(row.id, mlflow_run_id="run1", status="RUNNING",
+    row = ledger.ensure_trial(exp.id, "abc123", **COORDS)
+    assert row.status is Status.PENDING and row.mlflow_run_id is None
+    assert ledger.ensure_trial(exp.id, "abc123", **COORDS).id == row.id  # no second row
+    ledger.update_trial(row.id, mlflow_run_id="run1", status="RUNNING",  # a value, or a member
                         checkpoint_path="/ckpt/trial-abc123")
     again = Ledger(url)  # another process sees the same ledger
     (seen,) = again.trials(again.experiment("fig3a-cpu").id)
-    assert (seen.status, seen.mlflow_run_id) == ("RUNNING", "run1")
+    assert (seen.status, seen.mlflow_run_id) == (Status.RUNNING, "run1")
+    assert type(seen.status) is Status  # read back from the database as a member
     assert seen.started_at is not None and seen.finished_at is None
-    done = again.update_trial(row.id, status="FINISHED", metric=171.5)
+    done = again.update_trial(row.id, status=Status.FINISHED, metric=171.5)
     assert done.finished_at >= done.started_at and done.metric == 171.5
     assert again.experiment("fig3a-cpu").spec_yaml == "edited\n"
-    with pytest.raises(ValueError, match="status must be one of"):
+    assert _query(url, "SELECT status FROM cemlab_trials") == [("FINISHED",)]  # stored as text
+    with pytest.raises(ValueError, match="status must be one of PENDING, RUNNING, FINISHED"):
         again.update_trial(row.id, status="DONE")
+    with pytest.raises(ValueError, match="got 'finished'"):  # values are upper case
+        again.update_trial(row.id, status="finished")
+    with pytest.raises(StatementError), again.session() as s:  # nor by writing the row directly
+        s.get(TrialRow, row.id).status = "DONE"
+    assert again.trials(exp.id)[0].status is Status.FINISHED
     with pytest.raises(IntegrityError), again.session() as s:  # the hash is unique per experiment
-        s.add(TrialRow(experiment_id=exp.id, trial_hash="abc123", **coords))
+        s.add(TrialRow(experiment_id=exp.id, trial_hash="abc123", **COORDS))
     assert len(again.trials(exp.id)) == 1
+    assert list(Status) == ["PENDING", "RUNNING", "FINISHED", "FAILED"]
+
+
+def test_the_migrated_schema_is_the_orm_schema(url):
+    Ledger(url)
+    assert _tables(url) == {"cemlab_experiments", "cemlab_trials", VERSION_TABLE}
+    assert _query(url, f"SELECT version_num FROM {VERSION_TABLE}") == [
+        (rev,) for rev in head_revisions()]
+    assert _schema_diff(url) == []
+    engine = sa.create_engine(url)  # the comparison does see the ledger's tables
+    with engine.begin() as c:
+        c.exec_driver_sql("CREATE INDEX ix_probe ON cemlab_trials (seed)")
+    engine.dispose()
+    assert [d[0] for d in _schema_diff(url)] == ["remove_index"]
+
+
+def test_a_ledger_made_by_create_all_is_adopted_with_its_rows(url):
+    engine = sa.create_engine(url)
+    Base.metadata.create_all(engine)  # how the ledger was made before its migrations
+    with engine.begin() as c:
+        c.exec_driver_sql("INSERT INTO cemlab_experiments (name, workload, spec_yaml, "
+                          "created_at, updated_at) VALUES ('old', 'gp_regression', 'x: 1', "
+                          "'2025-01-02 03:04:05', '2025-01-02 03:04:05')")
+        c.exec_driver_sql("INSERT INTO cemlab_trials (experiment_id, trial_hash, dataset, "
+                          "variant, size, lr, seed, status, created_at, updated_at) SELECT id, "
+                          "'h1', 'd', 'v', 's', 0.01, 3, 'FINISHED', created_at, updated_at "
+                          "FROM cemlab_experiments")
+    engine.dispose()
+    reader = Ledger(url, migrate=False)  # a read-only ledger reads it as it is
+    assert [e.name for e in reader.experiments()] == ["old"]
+    assert VERSION_TABLE not in _tables(url)
+    ledger = Ledger(url)
+    (exp,) = ledger.experiments()
+    assert (exp.name, exp.spec_yaml) == ("old", "x: 1")
+    (trial,) = ledger.trials(exp.id)
+    assert (trial.trial_hash, trial.seed, trial.status) == ("h1", 3, Status.FINISHED)
+    assert _query(url, f"SELECT version_num FROM {VERSION_TABLE}") == [
+        (rev,) for rev in head_revisions()]
+    assert _schema_diff(url) == []
+    ledger.ensure_trial(exp.id, "h2", **COORDS)  # and it goes on working
+    assert [t.trial_hash for t in Ledger(url).trials(exp.id)] == ["h1", "h2"]
 
 
 def test_ledger_shares_the_mlflow_database(tmp_path):
@@ -65,24 +152,50 @@ def test_ledger_shares_the_mlflow_database(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(url).create_experiment("shared")  # MLflow creates its schema first
+    mlflow_tables = _tables(url)
+    (mlflow_revision,) = _query(url, "SELECT version_num FROM alembic_version")
     Ledger(url).ensure_experiment("shared", "language_model", "")
-    tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
-    assert {"experiments", "runs", "cemlab_experiments", "cemlab_trials"} <= tables
-    assert MlflowClient(url).get_experiment_by_name("shared") is not None
+    assert _tables(url) == mlflow_tables | {"cemlab_experiments", "cemlab_trials",
+                                            VERSION_TABLE}
+    assert _query(url, "SELECT version_num FROM alembic_version") == [mlflow_revision]
+    assert _query(url, f"SELECT version_num FROM {VERSION_TABLE}") == [
+        (rev,) for rev in head_revisions()]
+    assert _schema_diff(url) == []  # MLflow's tables are not the ledger's business
+    client = MlflowClient(url)  # a fresh client checks MLflow's schema revision
+    experiment = client.get_experiment_by_name("shared")
+    run = client.create_run(experiment.experiment_id)
+    client.log_metric(run.info.run_id, "loss", 0.5)
+    assert client.get_run(run.info.run_id).data.metrics == {"loss": 0.5}
+    assert Ledger(url).experiment("shared") is not None
 
 
-def test_results_read_the_newest_row_per_grid_point(tmp_path):
-    from orchestrator.results import experiment_rows
-    from orchestrator.spec import parse_spec
+def test_a_read_only_ledger_creates_nothing(url, tmp_path):
+    reader = Ledger(url, migrate=False)
+    assert (reader.experiments(), reader.experiment("x"), reader.trials(1)) == ([], None, [])
+    if url.startswith("sqlite"):
+        assert not (tmp_path / "mlflow.db").exists()  # not even an empty database file
+    assert _tables(url) == set()
+    writer = Ledger(url)
+    exp = writer.ensure_experiment("x", "language_model", "")
+    writer.ensure_trial(exp.id, "h", **COORDS)
+    assert [e.name for e in reader.experiments()] == ["x"]  # sees them once they exist
+    assert [t.status for t in reader.trials(exp.id)] == [Status.PENDING]
 
-    spec = parse_spec({"name": "edited", "sizes": ["nano"], "variants": {"llama": {}},
-                       "learning_rates": [0.002, 0.004]})
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    exp = ledger.ensure_experiment("edited", "language_model", "")
-    point = {"dataset": "shakespeare", "variant": "llama", "size": "nano", "seed": 0}
-    old = ledger.ensure_trial(exp.id, "old", lr=0.002, **point)
-    new = ledger.ensure_trial(exp.id, "new", lr=0.002, **point)  # same point, edited science
-    other = ledger.ensure_trial(exp.id, "other", lr=0.004, **point)
-    ledger.ensure_trial(exp.id, "off-grid", lr=0.008, **point)
-    assert [r.id for r in experiment_rows(spec, ledger)] == [new.id, other.id]
-    assert [r.id for r in experiment_rows(spec, ledger, {"old"})] == [old.id]
+
+def _open_ledger(url: str, barrier, name: str) -> None:
+    barrier.wait()
+    Ledger(url).ensure_experiment(name, "language_model", "")
+
+
+def test_processes_opening_a_fresh_ledger_at_once_all_succeed(url):
+    ctx = multiprocessing.get_context("fork")  # spawn re-runs __main__ (AppTest swaps it)
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_open_ledger, args=(url, barrier, f"e{i}")) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert sorted(e.name for e in Ledger(url).experiments()) == ["e0", "e1", "e2", "e3"]
+    assert _query(url, f"SELECT version_num FROM {VERSION_TABLE}") == [
+        (rev,) for rev in head_revisions()]

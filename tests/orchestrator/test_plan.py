@@ -7,8 +7,9 @@ import yaml
 
 from orchestrator.calibrate import estimate_wall_s
 from orchestrator.cli import main
-from orchestrator.plan import format_plan, plan_trials, token_budget
+from orchestrator.plan import batch_geometry, format_plan, plan
 from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
+from workloads.language_model import token_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = sorted((ROOT / "experiments" / "paper").glob("*.yaml"))
@@ -27,14 +28,14 @@ def llama_params(v: int, d: int, n_layer: int, f: int) -> int:
 
 def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
     spec = parse_spec(GRID)
-    trials = plan_trials(spec)
+    trials = plan(spec)
     assert spec.learning_rates == PAPER_LEARNING_RATES  # the paper's grid by default
     assert len(trials) == 2 * 2 * 5 * 2
     assert len({t.trial_id for t in trials}) == len(trials)
     for size, (d, n_layer, f, ctx) in {"nano": (32, 2, 96, 64),
                                        "micro": (128, 4, 384, 256)}.items():
         budget = 20 * llama_params(512, d, n_layer, f) * 0.01
-        assert token_budget(spec, size) == round(budget)
+        assert token_budget(spec.training, size, 512) == round(budget)
         same_size = [t for t in trials if t.size == size]
         # The CEM twin trains on the Llama baseline's tokens, rounded up to whole steps.
         assert {t.tokens for t in same_size} == {-(-round(budget) // (16 * ctx)) * 16 * ctx}
@@ -42,7 +43,7 @@ def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
         assert llama.params["total"] == llama_params(512, d, n_layer, f)
         cem = next(t for t in same_size if t.variant == "cem")
         assert cem.params["total"] < llama.params["total"]
-        assert cem.flops > llama.flops  # T = 2 attention costs more per token
+        assert cem.budget.flops > llama.budget.flops  # T = 2 attention costs more per token
 
 
 @pytest.mark.parametrize(("batch", "micro", "workers", "expected"), [
@@ -52,15 +53,15 @@ def test_micro_batch_and_accumulation_come_from_the_global_batch(batch, micro, w
                                                                    expected):
     spec = parse_spec({**GRID, "training": {"batch_size": batch, "micro_batch_size": micro},
                        "resources": {"num_workers": workers}})
-    m, accum = spec.training.micro_batch(workers)
+    m, accum = batch_geometry(spec.training, spec.resources)
     assert (m, accum) == expected and m * accum * workers == batch
-    assert (plan_trials(spec)[0].micro_batch_size, plan_trials(spec)[0].grad_accum) == expected
+    assert (plan(spec)[0].micro_batch_size, plan(spec)[0].grad_accum) == expected
 
 
 def test_calibrated_wall_estimate_and_plan_table():
     spec = parse_spec({**GRID, "sizes": ["nano"], "learning_rates": [0.002], "seeds": [0]})
-    trials = plan_trials(spec)
-    wall = estimate_wall_s(spec, trials)
+    trials = plan(spec)
+    wall = estimate_wall_s(trials)
     assert set(wall) == {t.trial_id for t in trials}
     assert all(45 < w < 3600 for w in wall.values())  # overhead plus a measured compute time
     text = format_plan(spec, trials, wall, spec.resources.trials_that_fit(cpus=4))
@@ -77,16 +78,19 @@ def test_every_paper_spec_plans(path, capsys):
     assert main(["plan", "--no-calibrate", str(path)]) == 0
     out = capsys.readouterr().out
     spec = load_spec(path)
-    trials = plan_trials(spec)
+    trials = plan(spec)
     for t in trials:
         assert t.trial_id in out
     if spec.workload == "gp_regression":
         assert {t.dataset for t in trials} == {"gp-rbf", "gp-nonstationary"}
         assert {t.model.mlp_steps for t in trials} == {1, 2, 4, 8}
-        assert spec.gp.input_dim == 10
+        assert spec.workload_config.input_dim == 10
+        # A GP worker takes its share of the batch whole: no micro-batches, no accumulation.
+        assert {(t.micro_batch_size, t.grad_accum) for t in trials} == {
+            (spec.training.batch_size // spec.resources.num_workers, 1)}
     elif not path.stem.endswith("-cpu"):  # the paper's scale: Table 1 and 2, App. C
-        assert spec.data.source == "slimpajama"
-        assert spec.data.tokenizer == "hf-internal-testing/llama-tokenizer"
+        assert spec.workload_config.source == "slimpajama"
+        assert spec.workload_config.tokenizer == "hf-internal-testing/llama-tokenizer"
         assert {t.model.context_length for t in trials} == {2048}
         assert {t.model.vocab_size for t in trials} == {32000}
         assert spec.resources.num_workers == 8 and spec.resources.use_gpu
@@ -106,7 +110,7 @@ def test_every_paper_spec_has_a_cpu_twin_with_the_same_comparison(path):
 
 def test_parameter_matched_cem_mlp_restores_the_llama_mlp_parameters():
     spec = load_spec(ROOT / "experiments" / "paper" / "fig2b.yaml")
-    trials = plan_trials(spec)
+    trials = plan(spec)
     for size in spec.sizes:
         counts = {t.variant: t.params["mlp"] for t in trials if t.size == size}
         assert counts["cem-mlp"] == pytest.approx(2 / 3 * counts["llama"], rel=0.01)
@@ -115,7 +119,7 @@ def test_parameter_matched_cem_mlp_restores_the_llama_mlp_parameters():
 
 def test_paper_fig3a_budget_is_chinchilla_on_table_1():
     spec = load_spec(ROOT / "experiments" / "paper" / "fig3a.yaml")
-    for t in plan_trials(spec):
+    for t in plan(spec):
         baseline = llama_params(32000, *{"llama-86m": (672, 8, 1792),
                                          "llama-108m": (672, 12, 1792),
                                          "llama-134m": (768, 12, 2048),

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.plan import plan_trials, trial_id
+from orchestrator.cli import main
+from orchestrator.plan import plan, trial_id
 from orchestrator.spec import SpecError, load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,15 +44,26 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d.update(sizes=["llama-1b"]), "sizes: unknown preset(s) llama-1b"),
     (lambda d: d.update(data={"source": "slimpajama"}), "data.max_documents: required"),
 ])
-def test_malformed_spec_fails_fast_with_one_line_naming_the_field(tmp_path, patch, field):
+def test_malformed_spec_fails_fast_with_one_line_naming_the_field(tmp_path, monkeypatch, capsys,
+                                                                  patch, field):
     home = tmp_path / "home"
-    proc = cli("run", str(demo_with(tmp_path, patch)), home=home)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and field in lines[0], proc.stderr
-    # Nothing started: no Ray instance, no MLflow store, no data cache.
+    monkeypatch.setenv("CEMLAB_HOME", str(home))
+    assert main(["run", str(demo_with(tmp_path, patch))]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], err
+    # Nothing started: no Ray instance, no MLflow store, no data cache, nothing printed.
     assert not home.exists()
-    assert "Ray" not in proc.stdout + proc.stderr
+    assert out == ""
+
+
+def test_the_cli_exits_2_with_one_line_and_starts_nothing(tmp_path):
+    home = tmp_path / "home"
+    proc = cli("run", str(demo_with(tmp_path, lambda d: d.update(seeds=[1, 1]))), home=home)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'spec.yaml'}: seeds: seeds must be distinct"]
+    assert not home.exists()
 
 
 def test_invalid_yaml_and_missing_file_are_one_line_errors(tmp_path):
@@ -70,7 +82,7 @@ def test_plan_prints_every_trial_and_runs_nothing(tmp_path):
     proc = cli("plan", str(DEMO), home=home)
     assert proc.returncode == 0, proc.stderr
     spec = load_spec(DEMO)
-    trials = plan_trials(spec)
+    trials = plan(spec)
     assert len(trials) == 4
     for t in trials:
         assert t.trial_id in proc.stdout and t.variant in proc.stdout
@@ -89,13 +101,13 @@ def test_trial_id_is_the_science_not_the_resources():
     more_lrs = parse_spec({**spec.model_dump(), "learning_rates": [0.002, 0.004]})
     other_decay = parse_spec({**spec.model_dump(),
                               "training": {**spec.training.model_dump(), "weight_decay": 0.0}})
-    ids = [t.trial_id for t in plan_trials(spec)]
-    assert [t.trial_id for t in plan_trials(fewer_workers)] == ids
-    assert [t.trial_id for t in plan_trials(smaller_micro)] == ids
-    grown = plan_trials(more_lrs)  # the old trials keep their ids; the new LR adds new ones
+    ids = [t.trial_id for t in plan(spec)]
+    assert [t.trial_id for t in plan(fewer_workers)] == ids
+    assert [t.trial_id for t in plan(smaller_micro)] == ids
+    grown = plan(more_lrs)  # the old trials keep their ids; the new LR adds new ones
     assert {t.trial_id for t in grown if t.lr == 0.002} == set(ids)
     assert len({t.trial_id for t in grown}) == 8
-    assert not set(ids) & {t.trial_id for t in plan_trials(other_decay)}
-    model = spec.resolve_model("micro", "cem")
+    assert not set(ids) & {t.trial_id for t in plan(other_decay)}
+    model = spec.variants["cem"].resolve("micro", 4096)
     assert trial_id(spec, model, "shakespeare", 0.002, 0, 1) != trial_id(
         spec, model, "shakespeare", 0.002, 1, 1)

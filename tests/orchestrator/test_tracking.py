@@ -5,7 +5,8 @@ from pathlib import Path
 from mlflow import MlflowClient
 
 from orchestrator import tracking
-from orchestrator.plan import plan_trials
+from orchestrator.ledger import Status
+from orchestrator.plan import plan
 from orchestrator.spec import load_spec
 
 DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo.yaml"
@@ -14,18 +15,24 @@ DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo.yaml"
 def test_trial_runs_nest_under_the_parent_and_are_found_by_trial_id(tmp_path):
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     spec = load_spec(DEMO)
-    trial = plan_trials(spec)[1]
+    trial = plan(spec)[1]
     exp_id = tracking.experiment_id(client, spec.name)
     assert tracking.experiment_id(client, spec.name) == exp_id
     parent = tracking.start_parent_run(client, exp_id, spec, DEMO.read_text())
     assert tracking.find_trial_run(client, exp_id, trial.trial_id) is None
-    run_id = tracking.start_trial_run(client, exp_id, parent, spec, trial, {"x": 1.0})
+    run_id = tracking.start_trial_run(client, exp_id, parent, trial, {"x": 1.0})
     assert tracking.find_trial_run(client, exp_id, trial.trial_id) == run_id
     run = client.get_run(run_id)
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.params["lr"] == str(trial.lr) and run.data.params["seed"] == "0"
     assert run.data.metrics["params_total"] == trial.params["total"]
     assert client.get_run(parent).data.params["variants"] == "llama,cem-attn,cem-mlp,cem"
-    tracking.end_run(client, run_id, ok=True)
-    tracking.reopen_run(client, run_id)
-    assert client.get_run(run_id).info.status == "RUNNING"
+    assert run.data.params["data.vocab_size"] == "4096"  # the workload's section, by its key
+    assert run.data.params["training.grad_accum"] == str(trial.grad_accum)
+    # The run follows every status the ledger gives its trial, and ends with the last.
+    for status, mlflow_status in [(Status.PENDING, "SCHEDULED"), (Status.RUNNING, "RUNNING"),
+                                  (Status.FAILED, "FAILED"), (Status.RUNNING, "RUNNING"),
+                                  (Status.FINISHED, "FINISHED")]:
+        tracking.mirror_status(client, run_id, status)
+        assert client.get_run(run_id).info.status == mlflow_status
+    assert client.get_run(run_id).info.end_time is not None

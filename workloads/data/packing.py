@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from workloads.atomic import atomic_path
 from workloads.data.sources import Document
 
 
@@ -45,16 +45,13 @@ def write_token_stream(tokenizer: Tokenizer, docs: Iterable[Document], eot_id: i
         The number of tokens written.
     """
     dtype = token_dtype(tokenizer.get_vocab_size())
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     n_tokens = 0
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         for batch in _batches(docs, batch_docs):
             for enc in tokenizer.encode_batch([d.text for d in batch]):
                 ids = np.asarray(enc.ids + [eot_id], dtype=dtype)
                 f.write(ids.tobytes())
                 n_tokens += ids.size
-    os.replace(tmp, path)
     return n_tokens
 
 

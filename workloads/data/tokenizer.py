@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from workloads.atomic import atomic_path
 from workloads.data.sources import Document
 
 EOT = "<|endoftext|>"
@@ -48,10 +49,8 @@ def train_tokenizer(train_docs: list[Document], vocab_size: int, cache_dir: str 
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator((d.text for d in train_docs), trainer=trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tok.save(str(tmp))
     return tok, path
 
 
@@ -70,10 +69,8 @@ def pretrained_tokenizer(name: str, cache_dir: str | os.PathLike) -> tuple[Token
         tok = Tokenizer.from_pretrained(name)
     except Exception as e:  # tokenizers raises a bare Exception for hub errors
         raise RuntimeError(f"could not fetch tokenizer {name!r}: {e}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tok.save(str(tmp))
     return tok, path
 
 

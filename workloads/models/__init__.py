@@ -4,9 +4,9 @@ from workloads.models.cem import CEMMLP, CEMAttention
 from workloads.models.config import PRESETS, ModelConfig
 from workloads.models.flops import flops_per_token
 from workloads.models.llama import LlamaAttention, LlamaMLP
-from workloads.models.model import DecoderLM, build_model, count_parameters
+from workloads.models.model import DecoderLM, build_model, count_parameters, parameter_counts
 
 __all__ = [
     "PRESETS", "CEMAttention", "CEMMLP", "DecoderLM", "LlamaAttention", "LlamaMLP", "ModelConfig",
-    "build_model", "count_parameters", "flops_per_token",
+    "build_model", "count_parameters", "flops_per_token", "parameter_counts",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -46,7 +48,8 @@ class DecoderLM(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        # Meta tensors (parameter counting) hold no values: initialising them only costs time.
+        if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
             nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -84,3 +87,16 @@ def count_parameters(model: DecoderLM) -> dict[str, int]:
             role = "other"
         counts[role] += p.numel()
     return {"total": sum(counts.values()), **counts}
+
+
+def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
+    """``count_parameters`` of the model ``cfg`` describes, plus ``non_embedding`` (total minus
+    embedding and head), built once per config on the meta device (no memory)."""
+    return dict(_parameter_counts(cfg))
+
+
+@functools.cache
+def _parameter_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
+    with torch.device("meta"):
+        counts = count_parameters(build_model(cfg))
+    return (*counts.items(), ("non_embedding", counts["total"] - counts["embedding"]))

@@ -1,4 +1,5 @@
-"""Every MLflow read of the dashboard, in one place (read-only)."""
+"""Every read of the dashboard, in one place (read-only): MLflow for runs and metrics, the
+ledger for trial status (the ledger decides a trial's status; MLflow only follows it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,19 @@ RUN_COLUMNS = ["run_id", "run_name", "status", *_TAGS,
                "tokens_seen", "val_perplexity", "test_perplexity", "unigram_test_perplexity",
                "train_wall_s"]
 OPTIMA_COLUMNS = ["dataset", "variant", "size", "opt_lr", "opt_perplexity"]
+
+
+def trial_statuses(experiment_name: str) -> dict[str, str]:
+    """``{mlflow run id: ledger status}`` of the experiment's trials, from the ledger at
+    ``$CEMLAB_LEDGER_URL`` (``make dashboard`` sets it), opened read-only; empty when the
+    ledger has no such experiment (or no tables yet)."""
+    from orchestrator.ledger import Ledger
+    from orchestrator.settings import Settings
+
+    ledger = Ledger(Settings().ledger_url, migrate=False)
+    exp = ledger.experiment(experiment_name)
+    return {r.mlflow_run_id: str(r.status) for r in (ledger.trials(exp.id) if exp else [])
+            if r.mlflow_run_id}
 
 
 def tracking_uri() -> str:
@@ -38,14 +52,16 @@ def _runs(client: MlflowClient, experiment_name: str, role: str) -> list:
     return [r for r in runs if r.data.tags.get("cemlab.role", "trial") == role]
 
 
-def runs_frame(client: MlflowClient, experiment_name: str) -> pd.DataFrame:
+def runs_frame(client: MlflowClient, experiment_name: str,
+               statuses: dict[str, str]) -> pd.DataFrame:
     """One row per trial run of the experiment (not its parent run), with ``RUN_COLUMNS``
-    (missing values are NaN; ``lr`` a float)."""
+    (missing values are NaN; ``lr`` a float); ``status`` from ``statuses`` (the ledger's,
+    ``trial_statuses``), None for a run the ledger does not know."""
     rows = []
     for run in _runs(client, experiment_name, "trial"):
         tags, metrics = run.data.tags, run.data.metrics
         rows.append({"run_id": run.info.run_id, "run_name": run.info.run_name,
-                     "status": run.info.status, **{k: tags.get(k) for k in _TAGS},
+                     "status": statuses.get(run.info.run_id), **{k: tags.get(k) for k in _TAGS},
                      **{k: metrics.get(k) for k in RUN_COLUMNS[3 + len(_TAGS):]}})
     frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
     frame["lr"] = pd.to_numeric(frame["lr"])

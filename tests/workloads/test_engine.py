@@ -1,0 +1,56 @@
+"""The two engines behind the train loop agree: DeepSpeed ZeRO (what the Ray workers run) and
+plain PyTorch (what ``python -m workloads.train`` runs) give the same losses for the same trial."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One rank, fp32: the language-model loop with a DeepSpeed engine, then with a torch engine.
+SCRIPT = """
+import json, os, socket, sys
+os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+import torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from tests.conftest import write_corpus
+from tests.workloads.test_language_model import nano_job
+from workloads.base import get_workload
+from workloads.engine import DeepSpeedEngine
+from workloads.session import LocalSession
+
+class DeepSpeedSession(LocalSession):
+    def engine(self, model, backend):
+        return DeepSpeedEngine(model, self.job.trial, 1, self.precision)
+
+tmp = Path(sys.argv[2])
+job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10)
+out = {}
+for name, cls in [("deepspeed", DeepSpeedSession), ("torch", LocalSession)]:
+    session = cls(job)
+    final = get_workload(job.trial.workload).train(job, session)
+    out[name] = {"loss": [session.history["loss"][s] for s in range(1, 11)],
+                 "lr": [session.history["lr"][s] for s in range(1, 11)],
+                 "test_loss": final["test_loss"]}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_and_torch_engines_train_alike(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT), str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    ds, torch_ = out["deepspeed"], out["torch"]
+    assert ds["lr"] == pytest.approx(torch_["lr"], rel=1e-9)  # one schedule
+    assert ds["loss"] == pytest.approx(torch_["loss"], rel=1e-4)  # one optimizer, one clip
+    assert ds["test_loss"] == pytest.approx(torch_["test_loss"], rel=1e-4)
+    assert ds["loss"][-1] < ds["loss"][0]

@@ -1,0 +1,71 @@
+"""The spec sections every workload shares: ``training`` and ``resources``.
+
+They are the runtime configs themselves (pydantic, strict, frozen): the orchestrator validates a
+spec into them and the same objects reach the training loop inside the Ray workers.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StrictModel(BaseModel):
+    """A frozen pydantic model that rejects unknown keys (a spec typo is an error, not a no-op)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainingConfig(StrictModel):
+    """Token budget, batch geometry, optimizer (paper Table 2 defaults), evaluation, engine.
+
+    Budget: ``tokens`` when given, else Chinchilla, ``tokens_per_param`` x the total parameters of
+    the Llama baseline of the trial's size x ``budget_scale`` (the CEM twin gets the same tokens).
+    Batch: ``batch_size`` sequences (examples) per optimizer step over all workers; each worker
+    runs micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
+    Optimizer: AdamW (``beta1``, ``beta2``, ``eps``, ``weight_decay`` on matrices only), gradient
+    clipping at ``grad_clip`` (global norm), linear warmup over ``warmup_fraction`` of the steps,
+    then a cosine decay to ``final_lr_fraction`` x the peak learning rate.
+    """
+
+    tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")
+    tokens_per_param: float = Field(20.0, gt=0, description="Chinchilla tokens per parameter")
+    budget_scale: float = Field(1.0, gt=0, description="multiplies the Chinchilla budget (CPU)")
+    batch_size: int = Field(128, gt=0, description="global batch, sequences per optimizer step")
+    micro_batch_size: int = Field(8, gt=0, description="most sequences per worker per pass")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-9, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_fraction: float = Field(0.05, ge=0, lt=1)
+    final_lr_fraction: float = Field(0.1, ge=0, le=1)
+    eval_interval: int = Field(50, gt=0, description="optimizer steps between validations "
+                               "(and checkpoints)")
+    eval_sequences: int = Field(128, gt=0, description="validation sequences per evaluation")
+    log_interval: int = Field(10, gt=0)
+    energy_diagnostics: bool = Field(
+        False, description="log per-layer per-step energies and preconditioner eigenvalues")
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+
+
+# Engine options and logging that do not change what a trial computes: left out of its identity.
+NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics", "zero_stage"})
+
+
+class ResourcesConfig(StrictModel):
+    """Ray Train workers of one trial; Ray Tune runs as many trials at once as the cluster fits."""
+
+    num_workers: int = Field(2, gt=0)
+    cpus_per_worker: int = Field(1, gt=0)
+    use_gpu: bool = False
+
+    def trials_that_fit(self, cpus: float, gpus: float = 0) -> int:
+        """How many trials of this shape fit at once on ``cpus`` CPUs and ``gpus`` GPUs
+        (at least 1)."""
+        fit = int(cpus // (self.num_workers * self.cpus_per_worker))
+        if self.use_gpu:
+            fit = min(fit, int(gpus // self.num_workers))
+        return max(1, fit)

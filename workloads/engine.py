@@ -1,0 +1,165 @@
+"""Training engines behind one interface: a DeepSpeed ZeRO engine (Ray Train workers of a language
+model) and a plain PyTorch engine (in-process runs, and DDP replicas under Ray Train).
+
+Both take micro-batches: ``engine(x)`` forward, ``engine.backward(loss)`` (the loss of one
+micro-batch; gradients are averaged over ``grad_accum`` micro-batches), ``engine.step()`` after
+every micro-batch (the optimizer steps, with gradient clipping and the LR schedule, at every
+``grad_accum``-th call), ``engine.lr()`` the learning rate the next optimizer step uses.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from workloads.base import Trial
+from workloads.optim import build_optimizer, build_scheduler, deepspeed_config
+
+_DS_TAG = "ckpt"  # DeepSpeed checkpoint tag inside every checkpoint directory
+_TORCH_STATE = "engine_state.pt"
+
+
+class Engine(ABC):
+    """A model with its optimizer and schedule. ``module`` is what runs forward; ``device`` where
+    its inputs go."""
+
+    module: nn.Module
+    device: torch.device
+    name: str  # for logs: "torch", "DeepSpeed ZeRO-2"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def step(self) -> None: ...
+
+    @abstractmethod
+    def lr(self) -> float: ...
+
+    @abstractmethod
+    def save(self, directory: str, client_state: dict[str, Any]) -> None:
+        """Write this rank's part of a checkpoint into ``directory`` (every rank calls it)."""
+
+    @abstractmethod
+    def load(self, directory: str) -> dict[str, Any]:
+        """Restore from a checkpoint directory; returns the ``client_state`` saved with it."""
+
+    @abstractmethod
+    def full_model(self, build: Callable[[], nn.Module]) -> nn.Module:
+        """A plain replica of the model with all its weights (same dtype and device), free of
+        engine hooks and process groups; ``build`` makes an empty model of the same
+        architecture. Every rank must call it."""
+
+
+class TorchEngine(Engine):
+    """AdamW + schedule + clipping in plain PyTorch. ``wrap`` (e.g. Ray Train's
+    ``prepare_model``, which adds DDP) turns the model into the module that runs forward;
+    ``rank`` 0 alone writes checkpoints (the replicas are identical). ``precision="bf16"`` runs
+    the forward under ``torch.autocast`` with fp32 weights."""
+
+    def __init__(self, model: nn.Module, trial: Trial, device: torch.device, precision: str,
+                 wrap: Callable[[nn.Module], nn.Module] | None = None, rank: int = 0) -> None:
+        self.model = model.to(device)
+        self.module = wrap(self.model) if wrap else self.model
+        self.name = "torch DDP" if wrap else "torch"
+        self.device, self.precision, self.rank = device, precision, rank
+        self.grad_accum, self.grad_clip = trial.grad_accum, trial.training.grad_clip
+        self.optimizer = build_optimizer(self.model, trial.training, trial.lr)
+        self.scheduler = build_scheduler(self.optimizer, trial.training, trial.steps)
+        self._micro_steps = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bf16"):
+            return self.module(x)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.grad_accum).backward()
+
+    def step(self) -> None:
+        self._micro_steps += 1
+        if self._micro_steps % self.grad_accum:
+            return
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def save(self, directory: str, client_state: dict[str, Any]) -> None:
+        if self.rank == 0:
+            torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(), "client_state": client_state},
+                       os.path.join(directory, _TORCH_STATE))
+
+    def load(self, directory: str) -> dict[str, Any]:
+        state = torch.load(os.path.join(directory, _TORCH_STATE), map_location=self.device,
+                           weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        return state["client_state"]
+
+    def full_model(self, build: Callable[[], nn.Module]) -> nn.Module:
+        return copy.deepcopy(self.model)
+
+
+class DeepSpeedEngine(Engine):
+    """A DeepSpeed engine (ZeRO ``trial.training.zero_stage``, bf16 or fp32) over
+    ``world_size`` ranks of an initialised process group; the client optimizer is torch's AdamW
+    (Table 2) with our LR schedule."""
+
+    def __init__(self, model: nn.Module, trial: Trial, world_size: int, precision: str) -> None:
+        import deepspeed
+
+        t = trial.training
+        optimizer = build_optimizer(model, t, trial.lr)
+        scheduler = build_scheduler(optimizer, t, trial.steps)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler,
+            config=deepspeed_config(trial.micro_batch_size, trial.grad_accum, world_size,
+                                    t.zero_stage, precision, t.grad_clip))
+        self.module, self.device, self.zero_stage = self.engine, self.engine.device, t.zero_stage
+        self.name = f"DeepSpeed ZeRO-{t.zero_stage}"
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def lr(self) -> float:
+        return self.engine.get_lr()[0]
+
+    def save(self, directory: str, client_state: dict[str, Any]) -> None:
+        self.engine.save_checkpoint(directory, tag=_DS_TAG, client_state=client_state)
+
+    def load(self, directory: str) -> dict[str, Any]:
+        return self.engine.load_checkpoint(directory, tag=_DS_TAG)[1]
+
+    def full_model(self, build: Callable[[], nn.Module]) -> nn.Module:
+        import deepspeed
+
+        params = list(self.engine.module.parameters())
+        model = build().to(self.device, params[0].dtype)
+        with deepspeed.zero.GatheredParameters(params, enabled=self.zero_stage == 3):
+            model.load_state_dict({n: p.detach()
+                                   for n, p in self.engine.module.named_parameters()},
+                                  strict=False)
+        return model

@@ -1,0 +1,207 @@
+"""Where a train loop's side effects go: ranks, engines, checkpoints, metrics.
+
+The same train loop runs in two sessions:
+
+- ``RaySession``: one Ray Train worker of a trial. Checkpoints go through ``ray.train.report``
+  (every rank writes its part into a temporary directory that Ray persists, and a resubmitted
+  trial gets the last one back from ``ray.train.get_checkpoint``); metrics go to the trial's
+  MLflow run from rank 0.
+- ``LocalSession``: one process, no Ray, no DeepSpeed, no MLflow (``python -m workloads.train``).
+  Nothing is checkpointed; metrics are kept in ``history`` and the loop's log lines are printed.
+
+``ray`` and ``deepspeed`` are imported inside ``RaySession`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+from abc import ABC, abstractmethod
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workloads.base import Job
+from workloads.engine import DeepSpeedEngine, Engine, TorchEngine
+from workloads.metrics import MetricSink
+from workloads.optim import resolve_precision
+
+Backend = Literal["deepspeed", "ddp"]  # how a workload wants its replicas kept in step
+
+log = logging.getLogger("cemlab.train")
+
+
+class Session(ABC):
+    """Rank ``rank`` of ``world_size`` running ``job``."""
+
+    rank: int
+    world_size: int
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    @property
+    def precision(self) -> str:
+        """``bf16`` or ``fp32`` (``auto`` resolved for this machine)."""
+        return resolve_precision(self.job.trial.training.precision)
+
+    def info(self, msg: str, *args) -> None:
+        """Log ``msg`` from rank 0 only."""
+        if self.rank == 0:
+            log.info(msg, *args)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the ranks in place (a no-op without a process group); returns it."""
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(t)
+        return t
+
+    @abstractmethod
+    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        """The engine that trains ``model`` for this session's trial."""
+
+    @abstractmethod
+    def restore(self, engine: Engine) -> int:
+        """Load the trial's last checkpoint into ``engine``; returns its step (0: fresh)."""
+
+    @abstractmethod
+    def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        """Report ``metrics`` at ``step`` with a checkpoint of ``engine`` (every rank calls)."""
+
+    @abstractmethod
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record metrics of optimizer step ``step`` (buffered until ``flush``)."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Send buffered metrics."""
+
+    @abstractmethod
+    def log_model(self, model: nn.Module) -> None:
+        """Keep the trained model (rank 0 only calls it)."""
+
+
+class RaySession(Session):
+    """Inside a Ray Train worker: ranks from the Train context, DeepSpeed or DDP, checkpoints
+    through ``ray.train.report``, metrics to MLflow run ``job.run_id`` at ``job.tracking_uri``.
+    """
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        import ray.train
+
+        # DeepSpeed still calls torch.distributed's deprecated all_gather_into_tensor.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+        torch.set_num_threads(job.trial.resources.cpus_per_worker)
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.sink = MetricSink(job.tracking_uri, job.run_id, enabled=self.rank == 0)
+
+    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        if backend == "deepspeed":
+            return DeepSpeedEngine(model, self.job.trial, self.world_size, self.precision)
+        import ray.train.torch
+
+        return TorchEngine(model, self.job.trial, ray.train.torch.get_device(), self.precision,
+                           wrap=ray.train.torch.prepare_model, rank=self.rank)
+
+    def restore(self, engine: Engine) -> int:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return 0
+        with checkpoint.as_directory() as d:
+            step = engine.load(d)["step"]
+        self.info("[train] resumed from step %d (%s)", step, checkpoint.path)
+        return step
+
+    def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        import ray.train
+
+        with tempfile.TemporaryDirectory() as d:
+            engine.save(d, {"step": step})
+            ray.train.report({"step": step, **metrics},
+                             checkpoint=ray.train.Checkpoint.from_directory(d))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.sink.log(metrics, step)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def log_model(self, model: nn.Module) -> None:
+        if self.job.run_id:
+            log_torch_model(model, self.job.tracking_uri, self.job.run_id)
+
+
+class LocalSession(Session):
+    """One process on this machine's GPU or CPU: a plain PyTorch engine, no checkpoints, metrics
+    kept in ``history`` (``{name: {step: value}}``)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.history: dict[str, dict[int, float]] = {}
+
+    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        return TorchEngine(model, self.job.trial, self.device, self.precision)
+
+    def restore(self, engine: Engine) -> int:
+        return 0
+
+    def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            self.history.setdefault(k, {})[step] = float(v)
+
+    def flush(self) -> None:
+        pass
+
+    def log_model(self, model: nn.Module) -> None:
+        pass  # in-process runs keep no model: nothing here tracks it
+
+
+def log_torch_model(model: nn.Module, tracking_uri: str | None, run_id: str) -> None:
+    """Save ``model`` (its training dtype, on the CPU) as an MLflow PyTorch model and upload it
+    as artifact ``model`` of run ``run_id``, without touching the run's status."""
+    import mlflow.pytorch
+    from mlflow import MlflowClient
+
+    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # pickle notice: our own code
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model")
+        # Pickled (the classes come from the installed cemlab), not a traced pt2 graph.
+        mlflow.pytorch.save_model(model.cpu().eval(), path, serialization_format="pickle",
+                                  pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+        MlflowClient(tracking_uri).log_artifacts(run_id, path, "model")
+
+
+def run_in_ray(job: Job) -> None:
+    """Ray Train's ``train_loop_per_worker``: the job's workload trains it in a ``RaySession``.
+
+    Pass it as ``functools.partial(run_in_ray, job)``: the typed job is the only thing that
+    crosses to the workers.
+    """
+    from workloads.base import get_workload
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    get_workload(job.trial.workload).train(job, RaySession(job))
+
+
+def run_in_process(job: Job) -> tuple[dict[str, float], LocalSession]:
+    """Train ``job`` in this process (``LocalSession``); returns its final metrics and the
+    session (whose ``history`` has every logged metric)."""
+    from workloads.base import get_workload
+
+    session = LocalSession(job)
+    return get_workload(job.trial.workload).train(job, session), session
