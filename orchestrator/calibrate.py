@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import torch
 
-from workloads.base import Trial, get_workload
+from workloads.base import Trial
 from workloads.models import ModelConfig
+from workloads.registry import get_workload
 
 # Ray Tune/Train start-up, DeepSpeed initialisation, checkpoints, the final evaluations and the
 # model upload of one trial: fig3a-cpu on 2 cores (20 trials, 2 at once) took 1099 s against

@@ -22,8 +22,9 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from orchestrator import tracking
 from orchestrator.ledger import Ledger, Status
-from workloads.base import Job, get_workload
-from workloads.session import run_in_ray
+from workloads.base import Job
+from workloads.registry import get_workload
+from workloads.train import run_in_ray
 
 # Tune needs a non-empty resource request per trial; the driver itself only waits on its
 # Train run (whose workers hold the CPUs/GPUs), so it asks for a token amount of memory.

@@ -11,9 +11,10 @@ from typing import Any
 
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.base import Trial, get_workload
+from workloads.base import Trial
 from workloads.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
 from workloads.models import ModelConfig
+from workloads.registry import get_workload
 
 
 def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,

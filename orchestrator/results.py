@@ -11,7 +11,7 @@ from orchestrator.analysis import Point, optima_table
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.base import get_workload
+from workloads.registry import get_workload
 
 TABLE_ARTIFACT = "akima_optima.json"
 

@@ -36,7 +36,8 @@ from orchestrator.results import (
 from orchestrator.settings import Settings
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.base import Job, Prepared, Trial, get_workload
+from workloads.base import Job, Prepared, Trial
+from workloads.registry import get_workload
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from pydantic import (
     model_validator,
 )
 
-from workloads.base import WORKLOADS, get_workload
 from workloads.config import ResourcesConfig, StrictModel, TrainingConfig
 from workloads.models import PRESETS, ModelConfig
+from workloads.registry import WORKLOADS, get_workload
 
 
 class SpecError(ValueError):

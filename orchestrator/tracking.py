@@ -11,7 +11,8 @@ from mlflow.entities import Metric, Param, RunStatus
 
 from orchestrator.ledger import Status
 from orchestrator.spec import ExperimentSpec
-from workloads.base import Trial, get_workload
+from workloads.base import Trial
+from workloads.registry import get_workload
 
 TRIAL_TAG = "cemlab.trial_id"
 ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"

@@ -155,39 +155,3 @@ class Workload(ABC, Generic[C, D]):
     def train(self, job: Job, session: Session) -> dict[str, float]:
         """The train loop of one worker: train ``job.trial`` to its budget, reporting through
         ``session``; returns the final metrics (``metric`` among them)."""
-
-
-WORKLOADS: dict[str, Workload] = {}
-
-W = TypeVar("W", bound=type[Workload])
-
-
-def register(cls: W) -> W:
-    """Make workload ``cls`` available to specs under ``cls.name`` (usable as a decorator).
-
-    Raises:
-        ValueError: another workload already has that name or spec section.
-    """
-    for other in WORKLOADS.values():
-        if cls.name == other.name or cls.section == other.section:
-            if type(other) is not cls:
-                raise ValueError(f"workload {cls.name!r} (section {cls.section!r}) clashes with "
-                                 f"{other.name!r} (section {other.section!r})")
-    WORKLOADS[cls.name] = cls()
-    return cls
-
-
-def get_workload(name: str) -> Workload:
-    """The registered workload ``name``.
-
-    Raises:
-        KeyError: no such workload (the message lists the known ones).
-    """
-    import workloads.registry  # noqa: F401  (registers the built-in workloads)
-
-    try:
-        return WORKLOADS[name]
-    except KeyError:
-        raise KeyError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}"
-                       ) from None
-

@@ -183,25 +183,3 @@ def log_torch_model(model: nn.Module, tracking_uri: str | None, run_id: str) -> 
         mlflow.pytorch.save_model(model.cpu().eval(), path, serialization_format="pickle",
                                   pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
         MlflowClient(tracking_uri).log_artifacts(run_id, path, "model")
-
-
-def run_in_ray(job: Job) -> None:
-    """Ray Train's ``train_loop_per_worker``: the job's workload trains it in a ``RaySession``.
-
-    Pass it as ``functools.partial(run_in_ray, job)``: the typed job is the only thing that
-    crosses to the workers.
-    """
-    from workloads.base import get_workload
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    get_workload(job.trial.workload).train(job, RaySession(job))
-
-
-def run_in_process(job: Job) -> tuple[dict[str, float], LocalSession]:
-    """Train ``job`` in this process (``LocalSession``); returns its final metrics and the
-    session (whose ``history`` has every logged metric)."""
-    from workloads.base import get_workload
-
-    session = LocalSession(job)
-    return get_workload(job.trial.workload).train(job, session), session

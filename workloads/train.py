@@ -4,10 +4,11 @@
     python -m workloads.train --spec SPEC.yaml --trial 3          # trial 3 of a spec's plan
     python -m workloads.train --spec SPEC.yaml --trial 3f2a9c1b   # ... or by its trial id
 
-The train loop is the workload's own (``Workload.train``), the code the Ray Train workers run,
-in a ``LocalSession``: a plain PyTorch engine on this machine's GPU or CPU. It prints the loss as
-it trains, then the validation and test metrics. ``--spec`` plans the spec exactly as
-``python -m orchestrator plan`` does (``#`` is the plan's row, from 0).
+``run_in_ray`` is what every Ray Train worker runs; ``run_in_process`` runs the same train loop
+(the workload's own ``Workload.train``) in a ``LocalSession``: a plain PyTorch engine on this
+machine's GPU or CPU. The command prints the loss as it trains, then the validation and test
+metrics. ``--spec`` plans the spec exactly as ``python -m orchestrator plan`` does (``#`` is the
+plan's row, from 0).
 """
 
 from __future__ import annotations
@@ -15,16 +16,37 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 
+import torch
 from tabulate import tabulate
 
-from workloads.base import Job, Trial, get_workload
+from workloads.base import Job, Trial
 from workloads.config import ResourcesConfig, TrainingConfig
 from workloads.data import CorpusConfig
 from workloads.models import PRESETS, ModelConfig
-from workloads.session import run_in_process
+from workloads.registry import get_workload
+from workloads.session import LocalSession, RaySession
 from workloads.settings import Paths
+
+
+def run_in_ray(job: Job) -> None:
+    """Ray Train's ``train_loop_per_worker``: the job's workload trains it in a ``RaySession``.
+
+    Pass it as ``functools.partial(run_in_ray, job)``: the typed job is the only thing that
+    crosses to the workers.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    get_workload(job.trial.workload).train(job, RaySession(job))
+
+
+def run_in_process(job: Job) -> tuple[dict[str, float], LocalSession]:
+    """Train ``job`` in this process (``LocalSession``); returns its final metrics and the
+    session (whose ``history`` has every logged metric)."""
+    session = LocalSession(job)
+    return get_workload(job.trial.workload).train(job, session), session
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -14,9 +14,10 @@ from orchestrator import tracking
 from orchestrator.calibrate import estimate_wall_s
 from orchestrator.plan import format_plan, plan
 from orchestrator.spec import SpecError, parse_spec
-from workloads.base import WORKLOADS, Budget, Job, Prepared, Workload, register
+from workloads.base import Budget, Job, Prepared, Workload
 from workloads.config import StrictModel
-from workloads.session import run_in_process
+from workloads.registry import WORKLOADS, register
+from workloads.train import run_in_process
 
 
 class ToyConfig(StrictModel):

@@ -22,7 +22,7 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from tests.conftest import write_corpus
 from tests.workloads.test_language_model import nano_job
-from workloads.base import get_workload
+from workloads.registry import get_workload
 from workloads.engine import DeepSpeedEngine
 from workloads.session import LocalSession
 

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from workloads.base import Job, Trial, get_workload
+from workloads.base import Job, Trial
 from workloads.config import ResourcesConfig, TrainingConfig
 from workloads.data import CorpusConfig
 from workloads.language_model import _forever, sequence_nll, token_budget
 from workloads.models import ModelConfig, parameter_counts
-from workloads.session import run_in_process
+from workloads.registry import get_workload
+from workloads.train import run_in_process
 
 
 def batches(skip: int, n: int):

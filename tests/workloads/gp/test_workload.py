@@ -2,11 +2,12 @@
 
 import pytest
 
-from workloads.base import Job, Trial, get_workload
+from workloads.base import Job, Trial
 from workloads.config import ResourcesConfig, TrainingConfig
 from workloads.gp.workload import GPConfig, gp_parameter_counts
 from workloads.models import ModelConfig
-from workloads.session import run_in_process
+from workloads.registry import get_workload
+from workloads.train import run_in_process
 
 
 def test_gp_trial_fits_below_the_prior_and_logs_every_step():
