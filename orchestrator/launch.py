@@ -3,8 +3,9 @@
 Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
 ``functools.partial(run_in_ray, job)`` (the typed ``Job`` is all that crosses to the workers) and
 records the outcome in the ledger, which MLflow then follows (``record``). The Train run is named
-after the trial hash under ``<results>/trials``: launching the same trial again makes Ray Train
-restore its checkpoint manager, so the workers resume from the last checkpoint.
+after the trial hash under ``ray_results/trials`` of the storage root (a local path, or
+``s3://...`` that every node reaches): launching the same trial again makes Ray Train restore its
+checkpoint manager, so the workers resume from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from orchestrator import tracking
 from orchestrator.ledger import Ledger, Status
 from workloads.base import Job
 from workloads.registry import get_workload
+from workloads.storage import StorageRoot
 from workloads.train import run_in_ray
 
 # Tune needs a non-empty resource request per trial; the driver itself only waits on its
@@ -33,17 +35,24 @@ _DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
 
 @dataclass(frozen=True)
 class Task:
-    """One pending trial for ``trial_driver``: its ``Job``, its ledger row and where the ledger
-    and the Train run's storage are."""
+    """One pending trial for ``trial_driver``: its ``Job``, its ledger row, where the ledger is,
+    and the storage root its checkpoints go to."""
 
     job: Job
     row_id: int
     ledger_url: str
-    storage_path: str
+    storage: StorageRoot
 
     @property
     def name(self) -> str:
         return f"trial-{self.job.trial.trial_id}"
+
+
+def ray_storage(storage: StorageRoot, *parts: str) -> dict:
+    """``RunConfig`` keywords that put a run under ``parts`` of the storage root."""
+    fs, _ = storage.filesystem()
+    return {"storage_path": storage.path(*parts),
+            "storage_filesystem": fs if storage.is_remote else None}
 
 
 def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, status: Status,
@@ -64,12 +73,12 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     job, r = task.job, task.job.trial.resources
     ledger, client = Ledger(task.ledger_url), MlflowClient(job.tracking_uri)
     record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
-           checkpoint_path=f"{task.storage_path}/{task.name}")
+           checkpoint_path=task.storage.uri_of("ray_results", "trials", task.name))
     trainer = TorchTrainer(
         functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={"CPU": r.cpus_per_worker}),
-        run_config=RunConfig(name=task.name, storage_path=task.storage_path,
+        run_config=RunConfig(name=task.name, **ray_storage(task.storage, "ray_results", "trials"),
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              callbacks=[TuneReportCallback()]))
     try:
@@ -80,10 +89,12 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     metric = get_workload(job.trial.workload).metric
     record(ledger, client, task.row_id, job.run_id, Status.FINISHED,
            metric=result.metrics[metric], error=None,
-           checkpoint_path=result.checkpoint.path if result.checkpoint else None)
+           checkpoint_path=task.storage.uri_of("ray_results", "trials", task.name,
+                                               result.checkpoint.path.rsplit("/", 1)[-1])
+           if result.checkpoint else None)
 
 
-def run_grid(name: str, tasks: list[Task], storage_path: str, concurrency: int) -> None:
+def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: int) -> None:
     """Run ``tasks`` with Ray Tune, ``concurrency`` at once; each outcome lands in the ledger
     and MLflow."""
     by_id = {t.job.trial.trial_id: t for t in tasks}
@@ -98,5 +109,5 @@ def run_grid(name: str, tasks: list[Task], storage_path: str, concurrency: int) 
                 " ", "_"),
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                      storage_path=f"{storage_path}/tune", verbose=1))
+                                      **ray_storage(storage, "ray_results", "tune"), verbose=1))
     tuner.fit()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -54,13 +55,16 @@ class Books:
 
 
 def prepare(spec: ExperimentSpec, settings: Settings) -> tuple[Prepared, list[Trial]]:
-    """The workload's data, ready on this node, and the plan computed from it."""
+    """The workload's data, ready on this node and published to the storage root (where every
+    node's workers fetch it), and the plan computed from it."""
     workload = get_workload(spec.workload)
     print(f"[cemlab] preparing the data of '{spec.name}' ({workload.name}) in "
           f"{settings.data_dir}", flush=True)
     prepared = workload.prepare(spec.workload_config, str(settings.data_dir))
     if prepared.summary:
         print(f"[cemlab] {prepared.summary}", flush=True)
+    prepared = dataclasses.replace(prepared, data=workload.publish(prepared.data,
+                                                                   settings.storage))
     trials = plan(spec, prepared.data)
     print(format_plan(spec, trials), flush=True)
     return prepared, trials
@@ -100,8 +104,7 @@ def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Ta
             books.ledger.update_trial(row.id, mlflow_run_id=run_id)
         tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
-        tasks.append(tune.Task(job, row.id, books.settings.ledger_url,
-                               f"{books.settings.results_dir}/trials"))
+        tasks.append(tune.Task(job, row.id, books.settings.ledger_url, books.settings.storage))
     return tasks
 
 
@@ -112,7 +115,7 @@ def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings) -> 
     if not tasks:
         return
     ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
-    tune.run_grid(spec.name, tasks, settings.results_dir, concurrency(spec))
+    tune.run_grid(spec.name, tasks, settings.storage, concurrency(spec))
 
 
 def analyse(spec: ExperimentSpec, trials: list[Trial], books: Books,
@@ -172,6 +175,7 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
     """
     started = time.perf_counter()
     settings = Settings()
+    settings.storage.check()
     prepared, trials = prepare(spec, settings)
     books = open_books(spec, spec_yaml, settings)
     launch(spec, claim(trials, prepared, books), settings)

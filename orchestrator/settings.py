@@ -8,6 +8,7 @@ import logging
 from pydantic import AliasChoices, Field
 
 from workloads.settings import Paths
+from workloads.storage import StorageRoot
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +16,12 @@ _DATABASES = ("sqlite:", "postgresql", "mysql", "mssql")
 
 
 class Settings(Paths):
-    """``CEMLAB_HOME``, ``MLFLOW_TRACKING_URI`` and ``CEMLAB_LEDGER_URL``.
+    """``CEMLAB_HOME``, ``CEMLAB_STORAGE`` (+ ``CEMLAB_S3_ENDPOINT_URL``),
+    ``MLFLOW_TRACKING_URI`` and ``CEMLAB_LEDGER_URL``.
+
+    The storage root (``workloads.storage``) defaults to the home: on a laptop everything stays
+    local; on a cluster set ``CEMLAB_STORAGE=s3://bucket/prefix`` so that every node reaches the
+    corpus, the checkpoints and the Tune state.
 
     Without ``MLFLOW_TRACKING_URI`` tracking goes to an embedded SQLite store under the home
     (works without services, e.g. on a laptop); without ``CEMLAB_LEDGER_URL`` the ledger lives
@@ -26,6 +32,15 @@ class Settings(Paths):
         None, validation_alias=AliasChoices("MLFLOW_TRACKING_URI", "mlflow_tracking_uri"))
     ledger_url_env: str | None = Field(
         None, validation_alias=AliasChoices("CEMLAB_LEDGER_URL", "ledger_url"))
+    storage_uri: str | None = Field(
+        None, validation_alias=AliasChoices("CEMLAB_STORAGE", "storage"))
+    s3_endpoint_url: str | None = None
+
+    @property
+    def storage(self) -> StorageRoot:
+        """The storage root: ``CEMLAB_STORAGE``, else the home directory."""
+        return StorageRoot(uri=self.storage_uri or str(self.cemlab_home),
+                           endpoint_url=self.s3_endpoint_url or None)
 
     def _embedded_store(self) -> str:
         path = self.cemlab_home / "mlflow.db"
@@ -49,7 +64,3 @@ class Settings(Paths):
             return self.mlflow_tracking_uri
         return self._embedded_store()
 
-    @property
-    def results_dir(self) -> str:
-        """Ray Tune state and Ray Train checkpoints."""
-        return str(self.cemlab_home / "ray_results")

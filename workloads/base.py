@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from workloads.session import Session
+    from workloads.storage import StorageRoot
 
 C = TypeVar("C", bound=BaseModel)  # the workload's spec section
 D = TypeVar("D")  # what its data preparation hands to the workers
@@ -140,6 +141,11 @@ class Workload(ABC, Generic[C, D]):
     @abstractmethod
     def prepare(self, config: C, data_dir: str) -> Prepared[D]:
         """Make the data ready on the driver (download, tokenize, cache under ``data_dir``)."""
+
+    def publish(self, data: D, storage: StorageRoot) -> D:
+        """Put prepared data where every node reaches it (the storage root); returns what the
+        workers then receive. Default: the data needs no files (nothing to publish)."""
+        return data
 
     @abstractmethod
     def budget(self, config: C, training: TrainingConfig, size: str, model: ModelConfig,

@@ -32,6 +32,8 @@ from workloads.models import (
 )
 from workloads.models.diagnostics import energy_diagnostics
 from workloads.session import Session
+from workloads.settings import Paths
+from workloads.storage import StorageRoot
 
 
 def steps_for(tokens: int, batch_size: int, seq_len: int) -> int:
@@ -133,6 +135,9 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                         f"corpus: {corpus.n_tokens} tokens, {corpus.n_documents} documents, "
                         f"unigram test perplexity {corpus.unigram_test_perplexity:.1f}")
 
+    def publish(self, data: PreparedCorpus, storage: StorageRoot) -> PreparedCorpus:
+        return data.publish(storage)
+
     def budget(self, config: CorpusConfig, training: TrainingConfig, size: str,
                model: ModelConfig) -> Budget:
         """``ceil(token_budget / (batch_size x context_length))`` steps of whole batches."""
@@ -169,7 +174,7 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         ``test_perplexity`` on the whole test split, ``train_wall_s``, and the model kept by
         the session. Returns the final validation and test metrics.
         """
-        trial, corpus = job.trial, job.data
+        trial, corpus = job.trial, job.data.localized(Paths().data_dir)
         t, cfg = trial.training, trial.model
         rank, world = session.rank, session.world_size
         torch.manual_seed(trial.seed)

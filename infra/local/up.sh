@@ -2,6 +2,9 @@
 # Start the local services of CEM Lab, both bound to 127.0.0.1:
 #   - a Ray head with token authentication (token generated into $CEMLAB_HOME/ray_auth_token),
 #   - an MLflow tracking server with a SQLite backend store under $CEMLAB_HOME.
+# The storage root (CEMLAB_STORAGE: a path, or s3://bucket/prefix with CEMLAB_S3_ENDPOINT_URL) is
+# passed on to the Ray head, so jobs submitted to it use it; S3 credentials are taken from the
+# AWS_* environment of this script and never written to a file.
 # Writes $CEMLAB_HOME/services.env (source it to talk to them) and one PID file per service, so
 # that down.sh stops exactly what this started. Idempotent: running services are left alone.
 set -euo pipefail
@@ -82,6 +85,8 @@ export RAY_API_SERVER_ADDRESS="http://127.0.0.1:$DASH_PORT"
 export CEMLAB_RAY_GCS_ADDRESS="127.0.0.1:$RAY_PORT"
 export MLFLOW_TRACKING_URI="$MLFLOW_URI"
 export CEMLAB_LEDGER_URL="$LEDGER_URL"
+export CEMLAB_STORAGE="${CEMLAB_STORAGE:-$STATE}"
+export CEMLAB_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}"
 export PATH="$VENV_BIN:\$PATH"
 ENV
 mv "$STATE/services.env.tmp" "$STATE/services.env"

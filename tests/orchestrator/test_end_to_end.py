@@ -9,7 +9,6 @@ stops the services.
 
 import json
 import math
-import os
 import signal
 import statistics
 import subprocess
@@ -18,17 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from mlflow import MlflowClient
 
 from orchestrator.analysis import akima_optimum
 from orchestrator.ledger import Ledger, Status
 from orchestrator.spec import parse_spec
+from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
 from workloads.models import flops_per_token, parameter_counts
 from workloads.models.config import CEM_BEST
 from workloads.optim import lr_factor
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 SPEC = {
@@ -43,45 +41,6 @@ SPEC = {
                  "zero_stage": 2, "energy_diagnostics": True},
     "resources": {"num_workers": 2, "cpus_per_worker": 1},
 }
-
-
-def read_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
-            env[key] = value.strip('"')
-    env["PATH"] = env["PATH"].replace("$PATH", os.environ["PATH"])
-    return env
-
-
-@pytest.fixture(scope="module")
-def services(tmp_path_factory):
-    home = tmp_path_factory.mktemp("cemlab_home")
-    env = {**os.environ, "CEMLAB_HOME": str(home), "VENV_BIN": str(Path(sys.executable).parent),
-           "CEMLAB_RAY_PORT": "0", "CEMLAB_RAY_DASHBOARD_PORT": "0", "CEMLAB_MLFLOW_PORT": "0",
-           "CEMLAB_RAY_CPUS": "2"}
-    subprocess.run([str(ROOT / "infra/local/up.sh")], env=env, check=True, timeout=300)
-    pids = [int((home / "run" / f"{name}.pid").read_text()) for name in ("ray", "mlflow")]
-    try:
-        yield home, {**os.environ, **read_env(home / "services.env")}
-    finally:
-        subprocess.run([str(ROOT / "infra/local/down.sh")], env=env, timeout=120)
-        for pid in pids:  # down.sh stopped exactly what up.sh started
-            with pytest.raises(ProcessLookupError):
-                os.kill(pid, 0)
-
-
-def orchestrator(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
-                          env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]},
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def write_spec(tmp_path: Path, spec: dict) -> Path:
-    path = tmp_path / f"{spec['name']}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):

@@ -33,6 +33,7 @@ from workloads.data.tokenizer import (
     pretrained_tokenizer,
     train_tokenizer,
 )
+from workloads.storage import StorageRoot
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,55 @@ class PreparedCorpus(BaseModel):
     n_tokens: dict[str, int]
     n_documents: dict[str, int]
     unigram_test_perplexity: float
+    storage: StorageRoot | None = None  # where the published copy is (``publish``)
+
+    @property
+    def name(self) -> str:
+        """``corpus-<key>``: the cache directory's name, here and under the storage root."""
+        return Path(self.directory).name
 
     def dataset(self, split: str, seq_len: int) -> PackedSequences:
         """Packed sequences of ``seq_len`` tokens (+1 target) from ``split``."""
         return PackedSequences(self.streams[split], self.vocab_size, seq_len)
+
+    def publish(self, storage: StorageRoot) -> PreparedCorpus:
+        """Upload the streams, the tokenizer and (last) the manifest to ``data/<name>/`` of
+        ``storage``, unless already there (or unless that is this very directory); returns the
+        corpus with its ``storage`` set, which is what workers receive."""
+        if Path(storage.path("data", self.name)) != Path(self.directory).resolve() and not (
+                storage.exists("data", self.name, _MANIFEST)):
+            files = {Path(p).name: p for p in self.streams.values()}
+            storage.upload({**files, _TOKENIZER: self.tokenizer_path,
+                            _MANIFEST: Path(self.directory) / _MANIFEST}, "data", self.name)
+        return self.model_copy(update={"storage": storage})
+
+    def localized(self, data_dir: str | os.PathLike) -> PreparedCorpus:
+        """This corpus with paths on this node: as it is where its directory exists (the node
+        that prepared it), else a copy fetched from its storage root into
+        ``data_dir/<name>`` once per node (atomically; later calls and other workers reuse it).
+
+        Raises:
+            FileNotFoundError: not on this node and never published.
+        """
+        if (Path(self.directory) / _MANIFEST).exists():
+            return self
+        if self.storage is None:
+            raise FileNotFoundError(f"corpus {self.directory} is not on this node and was "
+                                    "never published to a storage root")
+        local = Path(data_dir) / self.name
+        if not (local / _MANIFEST).exists():
+            try:
+                self.storage.download(local, "data", self.name)
+            except OSError:
+                if not (local / _MANIFEST).exists():  # else another worker of this node won
+                    raise
+        return self.model_copy(update={
+            "directory": str(local), "tokenizer_path": str(local / _TOKENIZER),
+            "streams": {s: str(local / Path(p).name) for s, p in self.streams.items()}})
+
+
+_MANIFEST = "manifest.json"
+_TOKENIZER = "tokenizer.json"
 
 
 def open_source(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> DocumentSource:
@@ -155,7 +201,7 @@ def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> PreparedC
     key = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()
                          + fingerprint.encode()).hexdigest()[:16]
     directory = cache_dir / f"corpus-{key}"
-    manifest = directory / "manifest.json"
+    manifest = directory / _MANIFEST
     if manifest.exists():
         return PreparedCorpus.model_validate_json(manifest.read_text())
 

@@ -1,0 +1,60 @@
+"""Local CEM Lab services for the end-to-end tests: a token-authenticated Ray head and an MLflow
+server started by infra/local/up.sh in a temporary CEMLAB_HOME, stopped by down.sh."""
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def read_env(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export "):].partition("=")
+            env[key] = value.strip('"')
+    env["PATH"] = env["PATH"].replace("$PATH", os.environ["PATH"])
+    return env
+
+
+@contextmanager
+def local_services(home: Path, **extra_env: str):
+    """up.sh in ``home`` (with ``extra_env``, e.g. a storage root), yields ``(home, env)`` where
+    ``env`` is this process's environment plus services.env; down.sh on exit, checking it
+    stopped exactly the processes up.sh started."""
+    env = {**os.environ, "CEMLAB_HOME": str(home), "VENV_BIN": str(Path(sys.executable).parent),
+           "CEMLAB_RAY_PORT": "0", "CEMLAB_RAY_DASHBOARD_PORT": "0", "CEMLAB_MLFLOW_PORT": "0",
+           "CEMLAB_RAY_CPUS": "2", **extra_env}
+    subprocess.run([str(ROOT / "infra/local/up.sh")], env=env, check=True, timeout=300)
+    pids = [int((home / "run" / f"{name}.pid").read_text()) for name in ("ray", "mlflow")]
+    try:
+        yield home, {**os.environ, **extra_env, **read_env(home / "services.env")}
+    finally:
+        subprocess.run([str(ROOT / "infra/local/down.sh")], env=env, timeout=120)
+        for pid in pids:  # down.sh stopped exactly what up.sh started
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    with local_services(tmp_path_factory.mktemp("cemlab_home")) as started:
+        yield started
+
+
+def orchestrator(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
+                          env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_spec(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path

@@ -1,0 +1,57 @@
+"""A grid whose storage root is an S3 bucket (a real S3 API server, moto, on 127.0.0.1): the
+corpus, the Ray Train checkpoints and the Tune state go to the bucket, nothing to the home; a
+bucket that does not exist is one line before anything starts."""
+
+import subprocess
+
+import pyarrow.fs as pafs
+import pytest
+
+from orchestrator.ledger import Ledger, Status
+from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
+from workloads.storage import StorageRoot
+
+pytestmark = pytest.mark.slow
+
+SPEC = {"name": "s3-grid", "data": {"source": "shakespeare", "vocab_size": 512},
+        "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
+        "training": {"tokens": 40 * 16 * 64, "batch_size": 16, "eval_interval": 20,
+                     "eval_sequences": 16},
+        "resources": {"num_workers": 2, "cpus_per_worker": 1}}
+
+
+def test_a_grid_keeps_corpus_checkpoints_and_tune_state_in_the_bucket(
+        s3_server, s3_bucket, tmp_path_factory, tmp_path):
+    storage = StorageRoot(uri=f"s3://{s3_bucket}/lab", endpoint_url=s3_server)
+    home = tmp_path_factory.mktemp("cemlab_home")
+    with local_services(home, CEMLAB_STORAGE=storage.uri,
+                        CEMLAB_S3_ENDPOINT_URL=s3_server) as (home, env):
+        job = subprocess.run(  # the job's driver gets the storage root from the Ray head
+            ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
+             "run", str(write_spec(tmp_path, SPEC))], cwd=ROOT, env=env, capture_output=True,
+            text=True, timeout=900)
+        assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+
+        ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+        (row,) = ledger.trials(ledger.experiment("s3-grid").id)
+        assert row.status == Status.FINISHED
+        trial_dir = f"ray_results/trials/trial-{row.trial_hash}"
+        assert row.checkpoint_path.startswith(storage.uri_of(trial_dir, "checkpoint_"))
+        fs, root = storage.filesystem()
+        files = {i.path.removeprefix(root + "/") for i in
+                 fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.is_file}
+        corpus = {f for f in files if f.startswith("data/corpus-")}
+        assert {f.rsplit("/", 1)[1] for f in corpus} == {
+            "train.bin", "validation.bin", "test.bin", "tokenizer.json", "manifest.json"}
+        # The final checkpoint: both ranks' DeepSpeed shards, under the trial's run.
+        final = row.checkpoint_path.removeprefix(storage.uri + "/")
+        assert any(f.startswith(final + "/") and f.endswith("model_states.pt") for f in files)
+        assert any(f.startswith("ray_results/tune/s3-grid-") for f in files)
+        assert not (home / "ray_results").exists()  # nothing went to the node's home
+
+        missing = orchestrator({**env, "CEMLAB_STORAGE": "s3://no-such-bucket/lab"}, "run",
+                               str(write_spec(tmp_path, {**SPEC, "name": "s3-missing"})))
+        assert missing.returncode == 2 and missing.stdout == ""
+        assert missing.stderr.strip().splitlines() == [
+            "error: storage root s3://no-such-bucket/lab: bucket 'no-such-bucket' does not "
+            "exist"]
