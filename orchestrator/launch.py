@@ -28,6 +28,8 @@ from workloads.registry import get_workload
 from workloads.storage import StorageRoot
 from workloads.train import run_in_ray
 
+_TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, one per trial
+
 # Tune needs a non-empty resource request per trial; the driver itself only waits on its
 # Train run (whose workers hold the CPUs/GPUs), so it asks for a token amount of memory.
 _DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
@@ -46,6 +48,10 @@ class Task:
     @property
     def name(self) -> str:
         return f"trial-{self.job.trial.trial_id}"
+
+    def uri(self, *parts: str) -> str:
+        """URI of ``parts`` under this trial's Ray Train run directory."""
+        return self.storage.uri_of(*_TRIALS, self.name, *parts)
 
 
 def ray_storage(storage: StorageRoot, *parts: str) -> dict:
@@ -73,12 +79,12 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     job, r = task.job, task.job.trial.resources
     ledger, client = Ledger(task.ledger_url), MlflowClient(job.tracking_uri)
     record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
-           checkpoint_path=task.storage.uri_of("ray_results", "trials", task.name))
+           checkpoint_path=task.uri())
     trainer = TorchTrainer(
         functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={"CPU": r.cpus_per_worker}),
-        run_config=RunConfig(name=task.name, **ray_storage(task.storage, "ray_results", "trials"),
+        run_config=RunConfig(name=task.name, **ray_storage(task.storage, *_TRIALS),
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              callbacks=[TuneReportCallback()]))
     try:
@@ -89,8 +95,7 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     metric = get_workload(job.trial.workload).metric
     record(ledger, client, task.row_id, job.run_id, Status.FINISHED,
            metric=result.metrics[metric], error=None,
-           checkpoint_path=task.storage.uri_of("ray_results", "trials", task.name,
-                                               result.checkpoint.path.rsplit("/", 1)[-1])
+           checkpoint_path=task.uri(result.checkpoint.path.rsplit("/", 1)[-1])
            if result.checkpoint else None)
 
 

@@ -26,10 +26,9 @@ def short_metric(spec: ExperimentSpec) -> str:
     return metric_name(spec).removeprefix("test_")
 
 
-def in_grid(spec: ExperimentSpec, row: TrialRow) -> bool:
-    """Whether a ledger row lies on the spec's current grid (a spec edited to a smaller grid
-    keeps its old rows in the ledger, outside the analysis)."""
-    datasets = get_workload(spec.workload).datasets(spec.workload_config)
+def in_grid(spec: ExperimentSpec, datasets: list[str], row: TrialRow) -> bool:
+    """Whether a ledger row lies on the spec's current grid of ``datasets`` (a spec edited to a
+    smaller grid keeps its old rows in the ledger, outside the analysis)."""
     return (row.dataset in datasets and row.variant in spec.variants
             and row.size in spec.sizes and row.seed in spec.seeds
             and any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.learning_rates))
@@ -44,7 +43,9 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
     rows = ledger.trials(exp.id) if exp else []
     if trial_ids is not None:
         return [r for r in rows if r.trial_hash in trial_ids]
-    newest = {(r.dataset, r.variant, r.size, r.lr, r.seed): r for r in rows if in_grid(spec, r)}
+    datasets = get_workload(spec.workload).datasets(spec.workload_config)
+    newest = {(r.dataset, r.variant, r.size, r.lr, r.seed): r for r in rows
+              if in_grid(spec, datasets, r)}
     return sorted(newest.values(), key=lambda r: r.id)
 
 

@@ -94,15 +94,12 @@ def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Ta
         if row.status == Status.FINISHED:
             print(f"[cemlab] {trial.label} ({trial.trial_id}): finished, skipped", flush=True)
             continue
-        run_id = row.mlflow_run_id
-        if run_id is None:
-            run_id = (tracking.find_trial_run(books.client, books.mlflow_experiment_id,
-                                              trial.trial_id)
-                      or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
-                                                  books.parent_run_id, trial,
-                                                  prepared.metrics))
-            books.ledger.update_trial(row.id, mlflow_run_id=run_id)
-        tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING)
+        run_id = row.mlflow_run_id or (
+            tracking.find_trial_run(books.client, books.mlflow_experiment_id, trial.trial_id)
+            or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
+                                        books.parent_run_id, trial, prepared.metrics))
+        tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING,
+                    mlflow_run_id=run_id)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
         tasks.append(tune.Task(job, row.id, books.settings.ledger_url, books.settings.storage))
     return tasks

@@ -39,23 +39,30 @@ class StorageRoot(BaseModel):
     def is_remote(self) -> bool:
         return self.uri.startswith("s3://")
 
+    @property
+    def root(self) -> str:
+        """The root's path on its filesystem, without a scheme (``bucket/prefix`` for S3: what
+        Ray Train's ``RunConfig(storage_path=..., storage_filesystem=...)`` takes)."""
+        if self.is_remote:
+            return self.uri.removeprefix("s3://").rstrip("/")
+        return str(Path(self.uri).resolve())
+
     def filesystem(self):
-        """``(pyarrow filesystem, path of the root on it)``; the path has no scheme (what Ray
-        Train's ``RunConfig(storage_path=..., storage_filesystem=...)`` takes)."""
+        """``(pyarrow filesystem, root)``."""
         import pyarrow.fs as pafs
 
         if not self.is_remote:
-            return pafs.LocalFileSystem(), str(Path(self.uri).resolve())
+            return pafs.LocalFileSystem(), self.root
         parsed = urlparse(self.endpoint_url or "")
         s3 = pafs.S3FileSystem(
             endpoint_override=parsed.netloc or None, scheme=parsed.scheme or "https",
             region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
             connect_timeout=5, request_timeout=60)
-        return s3, self.uri.removeprefix("s3://").rstrip("/")
+        return s3, self.root
 
     def path(self, *parts: str) -> str:
         """The filesystem path (no scheme) of ``parts`` under the root."""
-        return "/".join([self.filesystem()[1], *parts])
+        return "/".join([self.root, *parts])
 
     def uri_of(self, *parts: str) -> str:
         """The URI of ``parts`` under the root (``s3://...`` or a local path)."""

@@ -111,7 +111,7 @@ def spec_trial(args: argparse.Namespace, data_dir: str) -> Job:
     except SpecError as e:
         sys.exit(f"error: {e}")
     workload = get_workload(spec.workload)
-    trials = plan(spec)
+    trials = plan(spec)  # first without data: a wrong --trial fails before any download
     chosen = [t for i, t in enumerate(trials) if args.trial in (str(i), t.trial_id)]
     if not chosen:
         sys.exit(f"error: --trial {args.trial!r}: not a row (0..{len(trials) - 1}) or trial id "
