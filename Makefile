@@ -14,13 +14,14 @@ DASHBOARD_PORT ?= 8501
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
-.PHONY: help setup up demo test test-fast dashboard down lint clean
+.PHONY: help setup up demo test test-fast cluster-test dashboard down lint clean
 
 help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
 	@echo "make demo       start local Ray + MLflow, submit experiments/demo.yaml with ray job submit"
 	@echo "make test       run the whole test suite (what CI runs)"
 	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes"
+	@echo "make cluster-test  rehearse a 2-host cluster on this machine (root: network namespaces)"
 	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
 	@echo "make down       stop the local services started by make up/demo/dashboard"
 
@@ -53,6 +54,12 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow"
+
+# Part of `make test` too (where it runs as root); here it fails, rather than skips, without root.
+cluster-test: setup
+	@reason=$$($(BIN)/python -c 'from infra.rehearsal.two_hosts import missing_requirement as m; print(m() or "")'); \
+	  if [ -n "$$reason" ]; then echo "error: $$reason" >&2; exit 1; fi
+	$(BIN)/python -m pytest -s -p no:cacheprovider tests/infra/test_two_hosts.py
 
 dashboard: up
 	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \

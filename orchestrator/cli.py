@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "run":
         from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
-        from workloads.storage import StorageError
+        from workloads.reach import ServiceError
 
         try:
             return 0 if run_experiment(spec, Path(args.spec).read_text()) else 1
-        except StorageError as e:  # raised before anything starts
+        except ServiceError as e:  # raised before anything trains
             print(f"error: {e}", file=sys.stderr)
             return 2
     from orchestrator.ledger import Ledger

@@ -3,7 +3,7 @@
 Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
 ``functools.partial(run_in_ray, job)`` (the typed ``Job`` is all that crosses to the workers) and
 records the outcome in the ledger, which MLflow then follows (``record``). The Train run is named
-after the trial hash under ``ray_results/trials`` of the storage root (a local path, or
+after the trial hash under ``ray_results/trials/<experiment>`` of the storage root (a local path, or
 ``s3://...`` that every node reaches): launching the same trial again makes Ray Train restore its
 checkpoint manager, so the workers resume from the last checkpoint.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import ray
 import ray.tune
 from mlflow import MlflowClient
-from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -28,19 +28,25 @@ from workloads.registry import get_workload
 from workloads.storage import StorageRoot
 from workloads.train import run_in_ray
 
-_TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, one per trial
+_TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
 
-# Tune needs a non-empty resource request per trial; the driver itself only waits on its
-# Train run (whose workers hold the CPUs/GPUs), so it asks for a token amount of memory.
-_DRIVER_RESOURCES = {"CPU": 0, "memory": 2**20}
+
+
+def driver_resources() -> dict[str, float]:
+    """What Tune reserves for one ``trial_driver``: a token amount of memory (it only waits on
+    its Train run, whose workers hold the CPUs/GPUs) on this node, the one that submitted the
+    grid, so the ledger URL and MLflow client it uses never leave this host."""
+    return {"CPU": 0, "memory": 2**20, f"node:{ray.util.get_node_ip_address()}": 0.001}
 
 
 @dataclass(frozen=True)
 class Task:
-    """One pending trial for ``trial_driver``: its ``Job``, its ledger row, where the ledger is,
-    and the storage root its checkpoints go to."""
+    """One pending trial of experiment ``experiment`` for ``trial_driver``: its ``Job``, its
+    ledger row, where the ledger is, and the storage root its checkpoints go to (the same trial
+    in two experiments keeps two runs: each resumes only its own)."""
 
     job: Job
+    experiment: str
     row_id: int
     ledger_url: str
     storage: StorageRoot
@@ -51,7 +57,7 @@ class Task:
 
     def uri(self, *parts: str) -> str:
         """URI of ``parts`` under this trial's Ray Train run directory."""
-        return self.storage.uri_of(*_TRIALS, self.name, *parts)
+        return self.storage.uri_of(*_TRIALS, self.experiment, self.name, *parts)
 
 
 def ray_storage(storage: StorageRoot, *parts: str) -> dict:
@@ -83,9 +89,12 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     trainer = TorchTrainer(
         functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
-                                     resources_per_worker={"CPU": r.cpus_per_worker}),
-        run_config=RunConfig(name=task.name, **ray_storage(task.storage, *_TRIALS),
+                                     resources_per_worker={"CPU": r.cpus_per_worker},
+                                     placement_strategy=r.placement_strategy),
+        run_config=RunConfig(name=task.name,
+                             **ray_storage(task.storage, *_TRIALS, task.experiment),
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             failure_config=FailureConfig(max_failures=r.max_failures),
                              callbacks=[TuneReportCallback()]))
     try:
         result = trainer.fit()
@@ -106,7 +115,7 @@ def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: in
     print(f"[cemlab] Ray Tune: {len(tasks)} trial(s), up to {concurrency} at once", flush=True)
     tuner = ray.tune.Tuner(
         ray.tune.with_resources(ray.tune.with_parameters(trial_driver, tasks=by_id),
-                                _DRIVER_RESOURCES),
+                                driver_resources()),
         param_space={"trial_id": ray.tune.grid_search(list(by_id))},
         tune_config=ray.tune.TuneConfig(
             max_concurrent_trials=concurrency,

@@ -1,5 +1,7 @@
 """Drive an experiment, in stages a reader can follow top to bottom (``run_experiment``):
 
+0. ``check_services``: storage, ledger and tracking server answer, and on a cluster nothing
+   host-only crosses to another node (``check_reach``); nothing starts otherwise.
 1. ``prepare``: the workload prepares its data; the plan is computed once from it.
 2. ``open_books``: the ledger's experiment row and the MLflow experiment and parent run.
 3. ``claim``: a ledger row and one MLflow run per trial; finished trials are skipped.
@@ -38,6 +40,7 @@ from orchestrator.settings import Settings
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.base import Job, Prepared, Trial
+from workloads.reach import ServiceError, check_database, check_tracking, node_only
 from workloads.registry import get_workload
 
 
@@ -49,9 +52,62 @@ class Books:
     settings: Settings
     ledger: Ledger
     client: MlflowClient
+    experiment: str
     experiment_row_id: int
     mlflow_experiment_id: str
     parent_run_id: str
+
+
+def check_services(settings: Settings) -> None:
+    """Storage root, ledger database and tracking server answer from here; on a cluster
+    (``RAY_ADDRESS``: inside ``ray job submit``), nothing host-only crosses to another node
+    (``check_reach``).
+
+    Raises:
+        ServiceError: one line naming the setting and the cause (no password in it).
+    """
+    settings.storage.check()
+    check_database(settings.ledger_url, "CEMLAB_LEDGER_URL")
+    check_tracking(settings.tracking_uri)
+    if os.environ.get("RAY_ADDRESS"):
+        connect()
+        check_reach(settings)
+
+
+def connect() -> None:
+    """Join the cluster that ``RAY_ADDRESS`` names, else start a local Ray instance here
+    (never whatever cluster last ran on this machine, possibly a dead one); once.
+
+    Raises:
+        ServiceError: no Ray cluster answers at ``RAY_ADDRESS``.
+    """
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except ConnectionError as e:
+        raise ServiceError(f"RAY_ADDRESS {address}: {str(e).splitlines()[0]}") from None
+
+
+def check_reach(settings: Settings) -> None:
+    """Nothing that crosses to the workers names this host only, unless every Ray node is this
+    host: the tracking URI and the storage root go to every worker.
+
+    Raises:
+        ServiceError: e.g. a loopback ``MLFLOW_TRACKING_URI`` on a cluster with a node at
+            another address.
+    """
+    here = ray.util.get_node_ip_address()
+    others = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} - {here})
+    if not others:
+        return
+    for setting, uri in (("MLFLOW_TRACKING_URI", settings.tracking_uri),
+                         ("CEMLAB_STORAGE", settings.storage.uri)):
+        if node_only(uri):
+            raise ServiceError(f"{setting} {uri} is only reachable on this host ({here}), but "
+                               f"the Ray cluster has nodes at {', '.join(others)}: give an "
+                               "address (or s3:// root) that every node reaches")
 
 
 def prepare(spec: ExperimentSpec, settings: Settings) -> tuple[Prepared, list[Trial]]:
@@ -80,7 +136,7 @@ def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Book
     parent = exp.parent_run_id or tracking.start_parent_run(client, exp_id, spec, spec_yaml)
     ledger.update_experiment(exp.id, mlflow_experiment_id=exp_id, parent_run_id=parent)
     tracking.mirror_status(client, parent, Status.RUNNING)
-    return Books(settings, ledger, client, exp.id, exp_id, parent)
+    return Books(settings, ledger, client, spec.name, exp.id, exp_id, parent)
 
 
 def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Task]:
@@ -101,17 +157,16 @@ def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Ta
         tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING,
                     mlflow_run_id=run_id)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
-        tasks.append(tune.Task(job, row.id, books.settings.ledger_url, books.settings.storage))
+        tasks.append(tune.Task(job, books.experiment, row.id, books.settings.ledger_url,
+                               books.settings.storage))
     return tasks
 
 
 def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings) -> None:
-    """Run ``tasks`` with Ray Tune on the cluster that ``RAY_ADDRESS`` names (inside
-    ``ray job submit``), else on a local Ray instance started here (never on whatever cluster
-    last ran on this machine, possibly a dead one)."""
+    """Run ``tasks`` with Ray Tune (``connect``)."""
     if not tasks:
         return
-    ray.init(address=os.environ.get("RAY_ADDRESS") or "local", log_to_driver=True)
+    connect()
     tune.run_grid(spec.name, tasks, settings.storage, concurrency(spec))
 
 
@@ -172,7 +227,7 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
     """
     started = time.perf_counter()
     settings = Settings()
-    settings.storage.check()
+    check_services(settings)
     prepared, trials = prepare(spec, settings)
     books = open_books(spec, spec_yaml, settings)
     launch(spec, claim(trials, prepared, books), settings)

@@ -1,6 +1,8 @@
 """Shared fixtures: small real corpora written to disk."""
 
+import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,79 @@ def s3_bucket(s3_server, request) -> str:
     name = f"cemlab-{uuid.uuid4().hex[:10]}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return name
+
+
+PG_SERVER = os.environ.get("CEMLAB_TEST_POSTGRES",
+                           "postgresql+psycopg2://postgres@127.0.0.1:5432")
+
+
+@contextmanager
+def postgres_database():
+    """A database of its own on this machine's PostgreSQL (``CEMLAB_TEST_POSTGRES``, default
+    127.0.0.1:5432), dropped on exit; yields its SQLAlchemy URL. Skips where no server
+    answers."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT",
+                             connect_args={"connect_timeout": 5})
+    name = f"cemlab_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as e:
+        pytest.skip(f"no PostgreSQL at {PG_SERVER} ({str(e.orig).strip().splitlines()[0]})")
+    try:
+        yield f"{PG_SERVER}/{name}"
+    finally:
+        with admin.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_db():
+    """``postgres_database`` for the whole test run."""
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_with_password():
+    """A PostgreSQL server of its own (initdb into a temporary directory, scram-sha-256 password
+    authentication, a free port on 127.0.0.1), stopped and removed after; yields
+    ``(host, port, user, password)``. Skips where PostgreSQL's server binaries are absent."""
+    import glob
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    bindirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    bindir = bindirs[-1] if bindirs else os.path.dirname(shutil.which("initdb") or "")
+    if not bindir:
+        pytest.skip("no PostgreSQL server binaries (initdb)")
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    base = tempfile.mkdtemp(prefix="cemlab-pg-")
+    os.chmod(base, 0o755)
+    user, password = "cemlab", "s3cret-never-printed"
+    (Path(base) / "pw").write_text(password + "\n")
+    if as_user:
+        shutil.chown(base, "postgres")
+        shutil.chown(Path(base) / "pw", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = f"{base}/data"
+    subprocess.run([*as_user, f"{bindir}/initdb", "-D", data, "-U", user, "--auth=scram-sha-256",
+                    f"--pwfile={base}/pw"], check=True, capture_output=True, timeout=120)
+    subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-w", "-l", f"{base}/log", "-o",
+                    f"-c listen_addresses=127.0.0.1 -p {port} -k {base}", "start"],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        yield "127.0.0.1", port, user, password
+    finally:
+        subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)

@@ -61,6 +61,12 @@ class ResourcesConfig(StrictModel):
     num_workers: int = Field(2, gt=0)
     cpus_per_worker: int = Field(1, gt=0)
     use_gpu: bool = False
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="how Ray places a trial's workers on nodes (STRICT_SPREAD: one "
+        "per node)")
+    max_failures: int = Field(2, ge=-1, description="times a trial restarts from its last "
+                              "checkpoint after a worker or node dies, within one submission "
+                              "(-1: no limit)")
 
     def trials_that_fit(self, cpus: float, gpus: float = 0) -> int:
         """How many trials of this shape fit at once on ``cpus`` CPUs and ``gpus`` GPUs

@@ -24,6 +24,11 @@ class MetricSink:
 
             self._client, self._metric = MlflowClient(tracking_uri), Metric
 
+    def tag(self, key: str, value: str) -> None:
+        """Set tag ``key`` of the run now (unbuffered)."""
+        if self._client is not None:
+            self._client.set_tag(self.run_id, key, value)
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._client is None:
             return

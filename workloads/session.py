@@ -5,7 +5,8 @@ The same train loop runs in two sessions:
 - ``RaySession``: one Ray Train worker of a trial. Checkpoints go through ``ray.train.report``
   (every rank writes its part into a temporary directory that Ray persists, and a resubmitted
   trial gets the last one back from ``ray.train.get_checkpoint``); metrics go to the trial's
-  MLflow run from rank 0.
+  MLflow run from rank 0, and the run's ``ray.nodes`` tag lists each rank's
+  ``<Ray node id>@<node IP>``.
 - ``LocalSession``: one process, no Ray, no DeepSpeed, no MLflow (``python -m workloads.train``).
   Nothing is checkpointed; metrics are kept in ``history`` and the loop's log lines are printed.
 
@@ -29,6 +30,7 @@ from workloads.base import Job
 from workloads.engine import DeepSpeedEngine, Engine, TorchEngine
 from workloads.metrics import MetricSink
 from workloads.optim import resolve_precision
+from workloads.reach import check_tracking
 
 Backend = Literal["deepspeed", "ddp"]  # how a workload wants its replicas kept in step
 
@@ -99,7 +101,19 @@ class RaySession(Session):
         torch.set_num_threads(job.trial.resources.cpus_per_worker)
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        here = ray.util.get_node_ip_address()
+        check_tracking(job.tracking_uri, where=here)  # before any step: one line if unreachable
         self.sink = MetricSink(job.tracking_uri, job.run_id, enabled=self.rank == 0)
+        self.sink.tag("ray.nodes", ",".join(self._gather(
+            f"{ray.get_runtime_context().get_node_id()}@{here}")))
+
+    def _gather(self, value: str) -> list[str]:
+        """``value`` of every rank, in rank order."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return [value]
+        values: list = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
 
     def engine(self, model: nn.Module, backend: Backend) -> Engine:
         if backend == "deepspeed":

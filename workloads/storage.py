@@ -5,7 +5,9 @@ A local directory on a laptop (the default, ``$CEMLAB_HOME``), or an object stor
 test server, another cloud's S3 API). Under it:
 
     data/corpus-<key>/   token streams, tokenizer.json and manifest.json of a prepared corpus
-    ray_results/         Ray Train checkpoints (trials/) and Ray Tune state (tune/)
+    ray_results/         Ray Train checkpoints (trials/<experiment>/trial-<id>/) and Ray Tune
+                         state (tune/)
+    mlartifacts/         MLflow's artifacts (models), written by the tracking server (up.sh)
 
 Credentials come from the standard AWS environment (``AWS_ACCESS_KEY_ID``, ...) of each node;
 they never travel in a ``StorageRoot``. Files move with ``pyarrow.fs`` (what Ray Train uses).
@@ -20,9 +22,10 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict
 
 from workloads.atomic import atomic_path
+from workloads.reach import ServiceError
 
 
-class StorageError(RuntimeError):
+class StorageError(ServiceError):
     """A storage root that cannot be used; ``str()`` is one line naming the cause."""
 
 

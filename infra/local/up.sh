@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Start the local services of CEM Lab, both bound to 127.0.0.1:
+# Start the services of CEM Lab, both bound to CEMLAB_BIND_ADDRESS (default 127.0.0.1):
 #   - a Ray head with token authentication (token generated into $CEMLAB_HOME/ray_auth_token),
-#   - an MLflow tracking server with a SQLite backend store under $CEMLAB_HOME.
-# The storage root (CEMLAB_STORAGE: a path, or s3://bucket/prefix with CEMLAB_S3_ENDPOINT_URL) is
-# passed on to the Ray head, so jobs submitted to it use it; S3 credentials are taken from the
-# AWS_* environment of this script and never written to a file.
+#   - an MLflow tracking server: backend store CEMLAB_MLFLOW_BACKEND_URI (default SQLite under
+#     $CEMLAB_HOME; postgresql://... on a cluster), artifacts proxied by the server (workers need
+#     no storage credentials for MLflow) to $CEMLAB_STORAGE/mlartifacts, an s3:// URI when the
+#     storage root is one; Host headers limited to the bind address, localhost and
+#     CEMLAB_MLFLOW_ALLOWED_HOSTS (comma-separated: the names other nodes use).
+# With a bind address other than loopback, this is the head node of a cluster that other hosts
+# join (`ray start --address=<bind>:<port>` with the token); Gloo is pinned to the interface that
+# holds the address. The storage root (CEMLAB_STORAGE: a path, or s3://bucket/prefix with
+# CEMLAB_S3_ENDPOINT_URL) is passed on to the Ray head, so jobs submitted to it use it; S3
+# credentials are taken from the AWS_* environment of this script and never written to a file.
 # Writes $CEMLAB_HOME/services.env (source it to talk to them) and one PID file per service, so
 # that down.sh stops exactly what this started. Idempotent: running services are left alone.
 set -euo pipefail
@@ -21,14 +27,16 @@ mkdir -p "$RUN" "$LOGS"
 
 alive() { [ -s "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
-# A free TCP port on 127.0.0.1, preferring $1 (Ray's default 6379 is often Redis: never assume).
+BIND=${CEMLAB_BIND_ADDRESS:-127.0.0.1}
+
+# A free TCP port on $BIND, preferring $1 (Ray's default 6379 is often Redis: never assume).
 free_port() {
-  "$PY" - "$1" <<'PY'
+  "$PY" - "$1" "$BIND" <<'PY'
 import socket, sys
 def free(port):
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((sys.argv[2], port))
             return s.getsockname()[1]
         except OSError:
             return None
@@ -69,48 +77,82 @@ MLFLOW_PORT=$(free_port "${CEMLAB_MLFLOW_PORT:-5000}")
 # Fixed defaults of Ray that a second cluster on the machine (e.g. the tests') would collide on.
 AGENT_PORT=$(free_port 52365)
 CLIENT_PORT=$(free_port 10001)
-MLFLOW_URI="http://127.0.0.1:$MLFLOW_PORT"
+MLFLOW_URI="http://$BIND:$MLFLOW_PORT"
 # MLflow's backend store (any SQLAlchemy URL, e.g. postgresql://...); the ledger shares it.
 BACKEND_URI="${CEMLAB_MLFLOW_BACKEND_URI:-sqlite:///$STATE/mlflow.db}"
 LEDGER_URL="${CEMLAB_LEDGER_URL:-$BACKEND_URI}"
+STORAGE="${CEMLAB_STORAGE:-$STATE}"
+ARTIFACTS="${STORAGE%/}/mlartifacts"
+ALLOWED="$BIND,$BIND:$MLFLOW_PORT,localhost,localhost:$MLFLOW_PORT,127.0.0.1:$MLFLOW_PORT"
+ALLOWED="$ALLOWED${CEMLAB_MLFLOW_ALLOWED_HOSTS:+,$CEMLAB_MLFLOW_ALLOWED_HOSTS}"
+# Fail here, in one line and without echoing a password, rather than in a server log.
+"$PY" - "$BACKEND_URI" "$LEDGER_URL" "$STORAGE" "${CEMLAB_S3_ENDPOINT_URL:-}" <<'PY' || exit 2
+import sys
+from workloads.reach import ServiceError, check_database
+from workloads.storage import StorageRoot
+try:
+    check_database(sys.argv[1], "CEMLAB_MLFLOW_BACKEND_URI")
+    check_database(sys.argv[2], "CEMLAB_LEDGER_URL")
+    StorageRoot(uri=sys.argv[3], endpoint_url=sys.argv[4] or None).check()
+except ServiceError as e:
+    sys.exit(f"error: {e}")
+PY
+LOCAL_ONLY=
+GLOO_IFACE=
+case "$BIND" in
+  127.*|localhost) LOCAL_ONLY=1 ;;
+  *) GLOO_IFACE=$("$PY" - "$BIND" <<'PY'
+import sys, psutil
+print(next((name for name, addrs in psutil.net_if_addrs().items()
+            if any(a.address == sys.argv[1] for a in addrs)), ""))
+PY
+)
+     [ -n "$GLOO_IFACE" ] || { echo "error: CEMLAB_BIND_ADDRESS $BIND is on no interface of this host" >&2; exit 2; } ;;
+esac
 
 cat > "$STATE/services.env.tmp" <<ENV
 # Written by infra/local/up.sh: source this file to use the local CEM Lab services.
 export CEMLAB_HOME="$STATE"
-# Ray resolves 127.0.0.1 to the host's address unless told this node is local-only.
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH="$TOKEN"
-export RAY_API_SERVER_ADDRESS="http://127.0.0.1:$DASH_PORT"
-export CEMLAB_RAY_GCS_ADDRESS="127.0.0.1:$RAY_PORT"
+export RAY_API_SERVER_ADDRESS="http://$BIND:$DASH_PORT"
+export CEMLAB_RAY_GCS_ADDRESS="$BIND:$RAY_PORT"
 export MLFLOW_TRACKING_URI="$MLFLOW_URI"
 export CEMLAB_LEDGER_URL="$LEDGER_URL"
-export CEMLAB_STORAGE="${CEMLAB_STORAGE:-$STATE}"
+export CEMLAB_STORAGE="$STORAGE"
 export CEMLAB_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}"
 export PATH="$VENV_BIN:\$PATH"
 ENV
+if [ -n "$LOCAL_ONLY" ]; then
+  # Ray resolves 127.0.0.1 to the host's address unless told this node is local-only; a node
+  # that joins a cluster with this set panics, so it is written for a loopback head only.
+  echo "export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" >> "$STATE/services.env.tmp"
+fi
 mv "$STATE/services.env.tmp" "$STATE/services.env"
 # shellcheck disable=SC1091
 source "$STATE/services.env"
 
-echo "starting MLflow tracking server on $MLFLOW_URI (store: ${BACKEND_URI%%://*}, ledger too)"
-setsid "$VENV_BIN/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
+echo "starting MLflow tracking server on $MLFLOW_URI (store: ${BACKEND_URI%%://*}, ledger too;" \
+  "artifacts: $ARTIFACTS)"
+MLFLOW_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}" \
+setsid "$VENV_BIN/mlflow" server --host "$BIND" --port "$MLFLOW_PORT" --workers 1 \
   --backend-store-uri "$BACKEND_URI" \
-  --artifacts-destination "$STATE/mlartifacts" \
+  --artifacts-destination "$ARTIFACTS" --allowed-hosts "$ALLOWED" \
   > "$LOGS/mlflow.log" 2>&1 < /dev/null &
 echo $! > "$RUN/mlflow.pid"
 
-echo "starting Ray head on 127.0.0.1:$RAY_PORT (dashboard http://127.0.0.1:$DASH_PORT, token auth)"
+echo "starting Ray head on $BIND:$RAY_PORT (dashboard http://$BIND:$DASH_PORT, token auth)"
+${GLOO_IFACE:+env GLOO_SOCKET_IFNAME=$GLOO_IFACE} \
 setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
-  --node-ip-address=127.0.0.1 --port="$RAY_PORT" \
-  --dashboard-host=127.0.0.1 --dashboard-port="$DASH_PORT" \
+  --node-ip-address="$BIND" --port="$RAY_PORT" \
+  --dashboard-host="$BIND" --dashboard-port="$DASH_PORT" \
   --dashboard-agent-listen-port="$AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
   --num-cpus="${CEMLAB_RAY_CPUS:-$(nproc)}" --object-store-memory=$((1024 * 1024 * 1024)) \
   > "$LOGS/ray.log" 2>&1 < /dev/null &
 echo $! > "$RUN/ray.pid"
 
 wait_http "$MLFLOW_URI/health" 120 "MLflow"
-wait_http "http://127.0.0.1:$DASH_PORT/api/version" 120 "the Ray dashboard"
+wait_http "http://$BIND:$DASH_PORT/api/version" 120 "the Ray dashboard"
 # Jobs are handed to the node's dashboard agent: submitting before it listens fails.
-wait_http "http://127.0.0.1:$AGENT_PORT/" 120 "the Ray dashboard agent"
+wait_http "http://$BIND:$AGENT_PORT/" 120 "the Ray dashboard agent"
 echo "services up: source $STATE/services.env"

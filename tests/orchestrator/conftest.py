@@ -10,17 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.local.env import read_services_env
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def read_env(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export "):].partition("=")
-            env[key] = value.strip('"')
-    env["PATH"] = env["PATH"].replace("$PATH", os.environ["PATH"])
-    return env
 
 
 @contextmanager
@@ -34,7 +26,7 @@ def local_services(home: Path, **extra_env: str):
     subprocess.run([str(ROOT / "infra/local/up.sh")], env=env, check=True, timeout=300)
     pids = [int((home / "run" / f"{name}.pid").read_text()) for name in ("ray", "mlflow")]
     try:
-        yield home, {**os.environ, **extra_env, **read_env(home / "services.env")}
+        yield home, {**os.environ, **extra_env, **read_services_env(home / "services.env")}
     finally:
         subprocess.run([str(ROOT / "infra/local/down.sh")], env=env, timeout=120)
         for pid in pids:  # down.sh stopped exactly what up.sh started

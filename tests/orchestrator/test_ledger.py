@@ -2,7 +2,6 @@
 schema under Alembic (built, adopted, kept apart from MLflow's, opened read-only, raced)."""
 
 import multiprocessing
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -19,22 +18,9 @@ from orchestrator.ledger import (
     head_revisions,
     include_name,
 )
+from tests.conftest import postgres_database
 
-PG_SERVER = "postgresql+psycopg2://postgres@127.0.0.1:5432"
 COORDS = {"dataset": "shakespeare", "variant": "cem", "size": "micro", "lr": 0.002, "seed": 0}
-
-
-def _postgres_url():
-    """A fresh database on the local PostgreSQL server, or a skip reason."""
-    try:
-        admin = sa.create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT",
-                                 connect_args={"connect_timeout": 3})
-        name = f"cemlab_test_{uuid.uuid4().hex[:8]}"
-        with admin.connect() as c:
-            c.execute(sa.text(f"CREATE DATABASE {name}"))
-    except sa.exc.OperationalError as e:
-        pytest.skip(f"no PostgreSQL server at 127.0.0.1:5432 ({str(e).splitlines()[0]})")
-    return admin, name
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -42,10 +28,8 @@ def url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'mlflow.db'}"
         return
-    admin, name = _postgres_url()
-    yield f"{PG_SERVER}/{name}"
-    with admin.connect() as c:
-        c.execute(sa.text(f"DROP DATABASE {name} WITH (FORCE)"))
+    with postgres_database() as url:
+        yield url
 
 
 def _tables(url: str) -> set[str]:

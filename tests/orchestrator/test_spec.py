@@ -1,6 +1,7 @@
 """Specs: strict validation with one-line errors, and plans that run nothing."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,28 @@ def test_trial_id_is_the_science_not_the_resources():
     model = spec.variants["cem"].resolve("micro", 4096)
     assert trial_id(spec, model, "shakespeare", 0.002, 0, 1) != trial_id(
         spec, model, "shakespeare", 0.002, 1, 1)
+
+
+def test_services_that_do_not_answer_are_one_line_before_anything_starts(
+        tmp_path, monkeypatch, capsys, postgres_with_password):
+    host, port, user, password = postgres_with_password
+    spec = str(demo_with(tmp_path, lambda d: None))
+    monkeypatch.setenv("CEMLAB_HOME", str(tmp_path / "home"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed}")
+    assert main(["run", spec]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        f"error: MLFLOW_TRACKING_URI http://127.0.0.1:{closed}: no answer (Connection refused)"]
+
+    monkeypatch.setenv("CEMLAB_LEDGER_URL",
+                       f"postgresql+psycopg2://{user}:wrong-{password}@{host}:{port}/postgres")
+    assert main(["run", spec]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [
+        f"error: CEMLAB_LEDGER_URL postgresql+psycopg2://{user}:***@{host}:{port}/postgres: "
+        f'password authentication failed for user "{user}"']
+    assert password not in err
+    assert not (tmp_path / "home" / "data").exists()  # no corpus was prepared

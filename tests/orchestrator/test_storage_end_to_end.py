@@ -1,17 +1,27 @@
-"""A grid whose storage root is an S3 bucket (a real S3 API server, moto, on 127.0.0.1): the
-corpus, the Ray Train checkpoints and the Tune state go to the bucket, nothing to the home; a
-bucket that does not exist is one line before anything starts."""
+"""The cluster's services on one machine: a grid whose storage root is an S3 bucket (a real S3
+API server, moto, on 127.0.0.1) and whose MLflow server keeps runs in PostgreSQL and proxies
+artifacts to the bucket. The corpus, the Ray Train checkpoints, the Tune state and the model go
+to the bucket, nothing to the home; a bucket that does not exist is one line before anything
+starts."""
 
 import subprocess
 
 import pyarrow.fs as pafs
 import pytest
+from mlflow import MlflowClient
 
 from orchestrator.ledger import Ledger, Status
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
 from workloads.storage import StorageRoot
 
 pytestmark = pytest.mark.slow
+
+
+def _keys(storage: StorageRoot) -> set[str]:
+    """Every file under the storage root, relative to it."""
+    fs, root = storage.filesystem()
+    return {i.path.removeprefix(root + "/") for i in
+            fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.is_file}
 
 SPEC = {"name": "s3-grid", "data": {"source": "shakespeare", "vocab_size": 512},
         "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
@@ -20,12 +30,13 @@ SPEC = {"name": "s3-grid", "data": {"source": "shakespeare", "vocab_size": 512},
         "resources": {"num_workers": 2, "cpus_per_worker": 1}}
 
 
-def test_a_grid_keeps_corpus_checkpoints_and_tune_state_in_the_bucket(
-        s3_server, s3_bucket, tmp_path_factory, tmp_path):
+def test_a_grid_keeps_corpus_checkpoints_tune_state_and_models_in_the_bucket(
+        s3_server, s3_bucket, postgres_db, tmp_path_factory, tmp_path):
     storage = StorageRoot(uri=f"s3://{s3_bucket}/lab", endpoint_url=s3_server)
     home = tmp_path_factory.mktemp("cemlab_home")
-    with local_services(home, CEMLAB_STORAGE=storage.uri,
-                        CEMLAB_S3_ENDPOINT_URL=s3_server) as (home, env):
+    with local_services(home, CEMLAB_STORAGE=storage.uri, CEMLAB_S3_ENDPOINT_URL=s3_server,
+                        CEMLAB_MLFLOW_BACKEND_URI=postgres_db) as (home, env):
+        assert env["CEMLAB_LEDGER_URL"] == postgres_db  # the ledger shares MLflow's database
         job = subprocess.run(  # the job's driver gets the storage root from the Ray head
             ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
              "run", str(write_spec(tmp_path, SPEC))], cwd=ROOT, env=env, capture_output=True,
@@ -35,11 +46,9 @@ def test_a_grid_keeps_corpus_checkpoints_and_tune_state_in_the_bucket(
         ledger = Ledger(env["CEMLAB_LEDGER_URL"])
         (row,) = ledger.trials(ledger.experiment("s3-grid").id)
         assert row.status == Status.FINISHED
-        trial_dir = f"ray_results/trials/trial-{row.trial_hash}"
+        trial_dir = f"ray_results/trials/s3-grid/trial-{row.trial_hash}"
         assert row.checkpoint_path.startswith(storage.uri_of(trial_dir, "checkpoint_"))
-        fs, root = storage.filesystem()
-        files = {i.path.removeprefix(root + "/") for i in
-                 fs.get_file_info(pafs.FileSelector(root, recursive=True)) if i.is_file}
+        files = _keys(storage)
         corpus = {f for f in files if f.startswith("data/corpus-")}
         assert {f.rsplit("/", 1)[1] for f in corpus} == {
             "train.bin", "validation.bin", "test.bin", "tokenizer.json", "manifest.json"}
@@ -48,6 +57,12 @@ def test_a_grid_keeps_corpus_checkpoints_and_tune_state_in_the_bucket(
         assert any(f.startswith(final + "/") and f.endswith("model_states.pt") for f in files)
         assert any(f.startswith("ray_results/tune/s3-grid-") for f in files)
         assert not (home / "ray_results").exists()  # nothing went to the node's home
+        # The model went through the tracking server (no S3 client on the worker) to the bucket.
+        run = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(row.mlflow_run_id)
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
+        assert any(f.startswith("mlartifacts/") and f.endswith("model/MLmodel")
+                   for f in _keys(storage))
+        assert not (home / "mlartifacts").exists()
 
         missing = orchestrator({**env, "CEMLAB_STORAGE": "s3://no-such-bucket/lab"}, "run",
                                str(write_spec(tmp_path, {**SPEC, "name": "s3-missing"})))
