@@ -3,9 +3,11 @@
 Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
 ``functools.partial(run_in_ray, job)`` (the typed ``Job`` is all that crosses to the workers) and
 records the outcome in the ledger, which MLflow then follows (``record``). The Train run is named
-after the trial hash under ``ray_results/trials/<experiment>`` of the storage root (a local path, or
-``s3://...`` that every node reaches): launching the same trial again makes Ray Train restore its
-checkpoint manager, so the workers resume from the last checkpoint.
+after the trial hash under ``ray_results/trials/<experiment>`` of the storage root (a local
+path, or ``s3://...`` that every node reaches): launching the same trial of the same experiment
+again makes Ray Train restore its checkpoint manager, so the workers resume from the last
+checkpoint, as they do within a submission when a worker or its node dies
+(``resources.max_failures``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from workloads.storage import StorageRoot
 from workloads.train import run_in_ray
 
 _TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
-
 
 
 def driver_resources() -> dict[str, float]:
