@@ -85,15 +85,19 @@ STORAGE="${CEMLAB_STORAGE:-$STATE}"
 ARTIFACTS="${STORAGE%/}/mlartifacts"
 ALLOWED="$BIND,$BIND:$MLFLOW_PORT,localhost,localhost:$MLFLOW_PORT,127.0.0.1:$MLFLOW_PORT"
 ALLOWED="$ALLOWED${CEMLAB_MLFLOW_ALLOWED_HOSTS:+,$CEMLAB_MLFLOW_ALLOWED_HOSTS}"
-# Fail here, in one line and without echoing a password, rather than in a server log.
-"$PY" - "$BACKEND_URI" "$LEDGER_URL" "$STORAGE" "${CEMLAB_S3_ENDPOINT_URL:-}" <<'PY' || exit 2
+# Fail here, in one line and without echoing a password, rather than in a server log. Database
+# URLs travel in the environment, never on a command line (which `ps` shows to every user).
+MLFLOW_BACKEND_STORE_URI="$BACKEND_URI" CEMLAB_LEDGER_URL="$LEDGER_URL" CEMLAB_STORAGE="$STORAGE" \
+  "$PY" - <<'PY' || exit 2
+import os
 import sys
 from workloads.reach import ServiceError, check_database
 from workloads.storage import StorageRoot
 try:
-    check_database(sys.argv[1], "CEMLAB_MLFLOW_BACKEND_URI")
-    check_database(sys.argv[2], "CEMLAB_LEDGER_URL")
-    StorageRoot(uri=sys.argv[3], endpoint_url=sys.argv[4] or None).check()
+    check_database(os.environ["MLFLOW_BACKEND_STORE_URI"], "CEMLAB_MLFLOW_BACKEND_URI")
+    check_database(os.environ["CEMLAB_LEDGER_URL"], "CEMLAB_LEDGER_URL")
+    StorageRoot(uri=os.environ["CEMLAB_STORAGE"],
+                endpoint_url=os.environ.get("CEMLAB_S3_ENDPOINT_URL") or None).check()
 except ServiceError as e:
     sys.exit(f"error: {e}")
 PY
@@ -110,6 +114,8 @@ PY
      [ -n "$GLOO_IFACE" ] || { echo "error: CEMLAB_BIND_ADDRESS $BIND is on no interface of this host" >&2; exit 2; } ;;
 esac
 
+# Owner-only: a PostgreSQL ledger URL carries its password.
+(umask 077 && : > "$STATE/services.env.tmp")
 cat > "$STATE/services.env.tmp" <<ENV
 # Written by infra/local/up.sh: source this file to use the local CEM Lab services.
 export CEMLAB_HOME="$STATE"
@@ -134,9 +140,8 @@ source "$STATE/services.env"
 
 echo "starting MLflow tracking server on $MLFLOW_URI (store: ${BACKEND_URI%%://*}, ledger too;" \
   "artifacts: $ARTIFACTS)"
-MLFLOW_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}" \
+MLFLOW_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}" MLFLOW_BACKEND_STORE_URI="$BACKEND_URI" \
 setsid "$VENV_BIN/mlflow" server --host "$BIND" --port "$MLFLOW_PORT" --workers 1 \
-  --backend-store-uri "$BACKEND_URI" \
   --artifacts-destination "$ARTIFACTS" --allowed-hosts "$ALLOWED" \
   > "$LOGS/mlflow.log" 2>&1 < /dev/null &
 echo $! > "$RUN/mlflow.pid"
