@@ -8,7 +8,6 @@ the setting and the cause; a database password is never part of it.
 from __future__ import annotations
 
 import ipaddress
-import socket
 import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
@@ -95,14 +94,3 @@ def check_database(url: str, setting: str, timeout_s: int = 5) -> None:
     finally:
         engine.dispose()
 
-
-def node_address() -> str:
-    """This node's address as other hosts see it (Ray's node IP when Ray runs here)."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return socket.gethostbyname(socket.gethostname())
