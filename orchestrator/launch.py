@@ -31,6 +31,7 @@ from workloads.storage import StorageRoot
 from workloads.train import run_in_ray
 
 _TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
+_TUNE = ("ray_results", "tune")  # Ray Tune's experiment state, one directory per submission
 
 
 def driver_resources() -> dict[str, float]:
@@ -124,5 +125,5 @@ def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: in
                 " ", "_"),
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                      **ray_storage(storage, "ray_results", "tune"), verbose=1))
+                                      **ray_storage(storage, *_TUNE), verbose=1))
     tuner.fit()

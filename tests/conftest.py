@@ -25,6 +25,15 @@ def write_corpus(directory: Path, n_docs: int = 12, words_per_doc: int = 4000,
     return str(directory / "*.txt")
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture
 def corpus_glob(tmp_path: Path) -> str:
     return write_corpus(tmp_path / "corpus")
@@ -102,7 +111,6 @@ def postgres_with_password():
     ``(host, port, user, password)``. Skips where PostgreSQL's server binaries are absent."""
     import glob
     import shutil
-    import socket
     import subprocess
     import tempfile
 
@@ -118,9 +126,7 @@ def postgres_with_password():
     if as_user:
         shutil.chown(base, "postgres")
         shutil.chown(Path(base) / "pw", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     data = f"{base}/data"
     subprocess.run([*as_user, f"{bindir}/initdb", "-D", data, "-U", user, "--auth=scram-sha-256",
                     f"--pwfile={base}/pw"], check=True, capture_output=True, timeout=120)

@@ -145,10 +145,10 @@ class TwoHosts:
                                 start_new_session=True)
         self._cleanup.append(lambda: (os.killpg(proc.pid, signal.SIGKILL), proc.wait(),
                                       log.close()))
-        s3 = boto3.client("s3", endpoint_url=self.s3_endpoint, **{
-            "aws_access_key_id": self.s3_env["AWS_ACCESS_KEY_ID"],
-            "aws_secret_access_key": self.s3_env["AWS_SECRET_ACCESS_KEY"],
-            "region_name": "us-east-1"})
+        s3 = boto3.client("s3", endpoint_url=self.s3_endpoint,
+                          aws_access_key_id=self.s3_env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=self.s3_env["AWS_SECRET_ACCESS_KEY"],
+                          region_name=self.s3_env["AWS_DEFAULT_REGION"])
 
         def answers() -> bool:
             try:

@@ -1,7 +1,6 @@
 """Specs: strict validation with one-line errors, and plans that run nothing."""
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import yaml
 from orchestrator.cli import main
 from orchestrator.plan import plan, trial_id
 from orchestrator.spec import SpecError, load_spec, parse_spec
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "experiments" / "demo.yaml"
@@ -119,9 +119,7 @@ def test_services_that_do_not_answer_are_one_line_before_anything_starts(
     host, port, user, password = postgres_with_password
     spec = str(demo_with(tmp_path, lambda d: None))
     monkeypatch.setenv("CEMLAB_HOME", str(tmp_path / "home"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = free_port()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed}")
     assert main(["run", spec]) == 2
     out, err = capsys.readouterr()

@@ -1,12 +1,12 @@
 """Reachability checks against real servers: a PostgreSQL with password authentication, a
 closed port, a live HTTP server."""
 
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from tests.conftest import free_port
 from workloads.reach import ServiceError, check_database, check_tracking, is_loopback, node_only
 
 
@@ -40,14 +40,8 @@ def test_a_wrong_database_password_is_one_line_without_the_password(postgres_wit
     assert password not in message and wrong not in message
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_database_or_tracking_server_is_one_line():
-    port = _closed_port()
+    port = free_port()
     with pytest.raises(ServiceError) as db:
         check_database(f"postgresql+psycopg2://u:pw@127.0.0.1:{port}/x", "CEMLAB_LEDGER_URL")
     assert "\n" not in str(db.value) and "Connection refused" in str(db.value)
