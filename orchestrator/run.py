@@ -111,8 +111,10 @@ def check_reach(settings: Settings) -> None:
 
 
 def prepare(spec: ExperimentSpec, settings: Settings) -> tuple[Prepared, list[Trial]]:
-    """The workload's data, ready on this node and published to the storage root (where every
-    node's workers fetch it), and the plan computed from it."""
+    """The workload's data, prepared on the Ray cluster (``connect``; the corpus is a Ray Data
+    pipeline), ready on this node and published to the storage root (where every node's
+    workers fetch it), and the plan computed from it."""
+    connect()
     workload = get_workload(spec.workload)
     print(f"[cemlab] preparing the data of '{spec.name}' ({workload.name}) in "
           f"{settings.data_dir}", flush=True)

@@ -1,8 +1,8 @@
 """The language-model workload: Llama and CEM decoders on packed text (paper Sec. 4).
 
-Spec section ``data`` (``CorpusConfig``); the driver prepares the corpus once (tokenizer,
-token streams, cached on disk) and every worker reads the same files. A trial trains to a
-Chinchilla budget (or a fixed ``training.tokens``) and is judged by test perplexity.
+Spec section ``data`` (``CorpusConfig``); the driver prepares the corpus once on Ray Data
+(tokenizer, token shards, cached on disk) and every worker reads the same files. A trial trains
+to a Chinchilla budget (or a fixed ``training.tokens``) and is judged by test perplexity.
 
 The train loop (``LanguageModel.train``) is the same code in a Ray Train worker (DeepSpeed
 ZeRO, ``RaySession``) and in-process (plain PyTorch, ``LocalSession``).

@@ -22,5 +22,5 @@ class Paths(BaseSettings):
 
     @property
     def data_dir(self) -> Path:
-        """Cache of downloaded corpora, tokenizers and token streams."""
+        """Cache of downloaded corpora, tokenizers and token shards."""
         return self.cemlab_home / "data"

