@@ -24,9 +24,10 @@ class TrainingConfig(StrictModel):
     the Llama baseline of the trial's size x ``budget_scale`` (the CEM twin gets the same tokens).
     Batch: ``batch_size`` sequences (examples) per optimizer step over all workers; each worker
     runs micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
-    Optimizer: AdamW (``beta1``, ``beta2``, ``eps``, ``weight_decay`` on matrices only), gradient
-    clipping at ``grad_clip`` (global norm), linear warmup over ``warmup_fraction`` of the steps,
-    then a cosine decay to ``final_lr_fraction`` x the peak learning rate.
+    Optimizer: AdamW (``beta1``, ``beta2``, ``eps``, ``weight_decay`` on projection and
+    embedding weights only, ``optim.decayed_parameters``), gradient clipping at ``grad_clip``
+    (global norm), linear warmup over ``warmup_fraction`` of the steps, then a cosine decay to
+    ``final_lr_fraction`` x the peak learning rate.
     """
 
     tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")

@@ -26,11 +26,26 @@ def lr_factor(step: int, total_steps: int, warmup_fraction: float,
     return final_lr_fraction + (1 - final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def decayed_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters weight decay applies to, chosen by role: the weights of projection
+    matrices and embeddings (``nn.Linear``, ``nn.Embedding``), nothing else.
+
+    Never decayed: RMSNorm gains, ALiBi self/cross biases, CEM step sizes, KQ diagonals (shared
+    or per head) and every preconditioner parameter: its diagonal and its low-rank factors U, V
+    (decaying U, V would pull P = diag(softplus(d)) + UVᵀ + VUᵀ towards its diagonal, a prior
+    the paper does not state). Rank is not the rule: a per-head diagonal (K, D) is a diagonal.
+    """
+    decayed = {id(m.weight): m.weight for m in model.modules()
+               if isinstance(m, nn.Linear | nn.Embedding) and m.weight.requires_grad}
+    return list(decayed.values())
+
+
 def build_optimizer(model: nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.AdamW:
     """AdamW at peak learning rate ``lr`` with ``cfg``'s betas, eps and weight decay, the decay
-    on matrices only (norm gains and scalar biases are not decayed)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    on ``decayed_parameters`` only."""
+    decay = decayed_parameters(model)
+    ids = {id(p) for p in decay}
+    no_decay = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)

@@ -1,10 +1,14 @@
-"""Learning-rate schedule and DeepSpeed config (paper Table 2)."""
+"""Learning-rate schedule, weight decay by role and DeepSpeed config (paper Table 2)."""
 
 import math
 
 import pytest
+import torch
 
-from workloads.optim import deepspeed_config, lr_factor
+from workloads.config import TrainingConfig
+from workloads.models.config import ModelConfig
+from workloads.models.model import build_model
+from workloads.optim import build_optimizer, deepspeed_config, lr_factor
 
 
 def test_warmup_then_cosine_to_the_final_factor():
@@ -26,3 +30,22 @@ def test_deepspeed_batch_geometry():
     assert cfg["zero_optimization"]["stage"] == 2
     assert cfg["bf16"]["enabled"] is True
     assert cfg["gradient_clipping"] == 1.0
+
+
+def test_weight_decay_by_role_not_rank():
+    # Full CEM: per-head KQ diagonal (K, D), diag+low-rank preconditioners (K, D), (K, D, r),
+    # learnable step sizes; every variant compared in Fig. 3b is decayed alike.
+    cfg = ModelConfig.from_preset("nano", attention="cem", mlp="cem", kq_diag="per_head",
+                                  attn_preconditioner="diag_lowrank",
+                                  mlp_preconditioner="diag_lowrank", learn_step_size=True)
+    model = build_model(cfg)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # a step with zero gradients moves only decayed weights
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    build_optimizer(model, TrainingConfig(weight_decay=0.1), lr=0.1).step()
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    projections = {n for n in before if n.endswith(("_proj.weight", "embed_tokens.weight",
+                                                    "lm_head.weight"))}
+    assert moved == projections
+    assert {"blocks.0.attn.kq_diag", "blocks.0.attn.precond.p", "blocks.0.attn.precond.lowrank_u",
+            "blocks.0.mlp.step_size", "blocks.0.attn.norm.weight"} <= set(before) - moved

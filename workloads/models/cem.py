@@ -37,6 +37,8 @@ class CEMAttention(nn.Module):
         g_ik  = W^Q_kᵀ sum_j p_ijk k_j  (+ D_k sum_j p_ijk h~_j  with energy_exact)
         x_i  <- x_i + eta sum_k P_k g_ik                     (p = softmax_j s, tau = sqrt(Dh))
 
+    (``attn_precond_placement: shared``: x_i <- x_i + eta P sum_k g_ik, one P for all heads.)
+
     With ``energy_exact`` (or no diagonal) sum_k g_ik = -grad_u eps(u | h~) of
     ``workloads.models.energy.interaction_energy``; Algorithm 1 (the default) drops the D_k h~
     value term. ``update`` replaces the plain step by heavy-ball momentum, Nesterov, or the
@@ -45,7 +47,8 @@ class CEMAttention(nn.Module):
 
     Parameters: ``q_proj`` (W^Q, D -> K*Dh, also the output map W^Qᵀ, Eq. 5), ``k_proj`` (W^K,
     also the value map), ``self_bias``/``cross_bias`` (1,), ``kq_diag`` (D,) shared or (K, D)
-    per head, ``step_size`` (1,) when learnable, ``precond`` (per-head ``Preconditioner``);
+    per head, ``step_size`` (1,) when learnable, ``precond`` (a ``Preconditioner`` per head, or
+    one shared);
     buffer ``alibi_slopes`` (K,). Input and output (B, T, D).
     """
 
@@ -65,9 +68,10 @@ class CEMAttention(nn.Module):
                       "per_head": (cfg.n_head, cfg.d_model)}[cfg.kq_diag]
         self.kq_diag = nn.Parameter(torch.zeros(diag_shape)) if diag_shape else None
         self.step_size = _step_size(cfg.attn_step_size, cfg.learn_step_size)
+        self.shared_precond = cfg.attn_precond_placement == "shared"
         self.precond = (None if cfg.attn_preconditioner == "identity" else Preconditioner(
-            cfg.attn_preconditioner, cfg.d_model, cfg.attn_precond_rank, groups=cfg.n_head,
-            psd=cfg.preconditioner_psd))
+            cfg.attn_preconditioner, cfg.d_model, cfg.attn_precond_rank,
+            groups=1 if self.shared_precond else cfg.n_head, psd=cfg.preconditioner_psd))
 
     # -- pieces ------------------------------------------------------------------------------
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,13 +158,16 @@ class CEMAttention(nn.Module):
         return self.step_size / math.sqrt(self.d_head) * out
 
     def output_weight(self) -> torch.Tensor:
-        """(K*Dh, D): rows W^Q_k P_k, so that sum_k P_k W^Q_kᵀ o_k = o_flat @ output_weight().
+        """(K*Dh, D): rows W^Q_k P_k, so that sum_k P_k W^Q_kᵀ o_k = o_flat @ output_weight()
+        (the shared P: rows W^Q P, for P sum_k W^Q_kᵀ o_k).
 
-        P_k is symmetric, so the preconditioner folds into the weights (a weight-only product
+        P is symmetric, so the preconditioner folds into the weights (a weight-only product
         per step) instead of acting on every token.
         """
         if self.precond is None:
             return self.q_proj.weight
+        if self.shared_precond:
+            return self.precond(self.q_proj.weight[:, None, :])[:, 0]
         w = self._w(self.q_proj).transpose(0, 1)  # (Dh, K, D): row vectors per head
         return self.precond(w).transpose(0, 1).reshape(-1, w.shape[-1])
 
@@ -176,9 +183,11 @@ class CEMAttention(nn.Module):
         g_heads = self._to_model_space(o)  # (B, T, K, D)
         if newton:
             g_heads = g_heads + self.newton_correction(g_heads.sum(2), p, h_norm, k)
-        if self.precond is not None:
-            g_heads = self.precond(g_heads)
-        return g_heads.sum(2)
+        if self.precond is None:
+            return g_heads.sum(2)
+        if self.shared_precond:  # one P after the head sum
+            return self.precond(g_heads.sum(2, keepdim=True))[:, :, 0]
+        return self.precond(g_heads).sum(2)
 
     # -- the update --------------------------------------------------------------------------
     def iterates(self, h: torch.Tensor, carry: dict | None = None) -> list[torch.Tensor]:

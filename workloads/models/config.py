@@ -12,12 +12,14 @@ MlpKind = Literal["llama", "cem"]
 Position = Literal["rope", "alibi"]
 KQDiag = Literal["none", "shared", "per_head"]
 PreconditionerKind = Literal["identity", "diag", "diag_lowrank"]
+PrecondPlacement = Literal["per_head", "shared"]
 UpdateRule = Literal["gd", "momentum", "nesterov", "newton"]
 MomentumScope = Literal["step", "layer"]
 
 _CHOICES = {"attention": AttentionKind, "mlp": MlpKind, "position": Position, "kq_diag": KQDiag,
             "attn_preconditioner": PreconditionerKind, "mlp_preconditioner": PreconditionerKind,
-            "update": UpdateRule, "momentum_scope": MomentumScope}
+            "attn_precond_placement": PrecondPlacement, "update": UpdateRule,
+            "momentum_scope": MomentumScope}
 
 
 @dataclass(frozen=True)
@@ -44,21 +46,29 @@ class ModelConfig:
             ``learn_step_size`` makes them learnable scalars initialised there.
         kq_diag: diagonal of A_k = diag(d_k) + W^Qᵀ_k W^K_k (Sec. 2.3): ``none``, ``shared``
             across heads, or ``per_head``.
-        attn_preconditioner (per head, rank ``attn_precond_rank``), mlp_preconditioner (rank
+        attn_preconditioner (rank ``attn_precond_rank``), mlp_preconditioner (rank
             ``mlp_precond_rank``): ``identity``, ``diag`` = diag(softplus(d)) or ``diag_lowrank`` =
             diag(softplus(d)) + UVᵀ + VUᵀ (Sec. 2.3, App. C.4).
+        attn_precond_placement: ``per_head`` (the paper's P_k, one per head, applied before the
+            head sum: no descent guarantee, even with every P_k positive definite) or
+            ``shared`` (one P applied after the head sum, to the whole gradient: a positive
+            definite P and an exact gradient make every small enough step a descent step).
         preconditioner_psd: use diag(softplus(d)) + UUᵀ instead, positive definite by
             construction (UVᵀ + VUᵀ is indefinite once V moves).
         energy_exact: include the D_k h~_j term in the value path, so the step is the exact
             gradient of Eq. 1 with a diagonal (Algorithm 1 drops it).
         update: CEM attention update rule (intrinsic-optimizers paper): ``gd``, ``momentum``,
-            ``nesterov`` (coefficient ``momentum``) or ``newton`` (first Neumann term).
-        momentum_scope: velocity kept within one sublayer's recursion (``step``) or carried from
-            each layer's attention to the next (``layer``).
+            ``nesterov`` (coefficient ``momentum``) or ``newton``: a proximal Newton step, the
+            first Neumann term of (I + eta H)^-1 (requires ``energy_exact``: it differentiates
+            the energy, so the step must be its exact gradient).
+        momentum_scope: velocity kept within one sublayer's recursion (``step``; needs
+            ``attn_steps`` > 1, else momentum is plain gd and is refused) or carried from each
+            layer's attention to the next (``layer``).
         rope_theta, norm_eps, init_std: RoPE base, RMSNorm epsilon, init standard deviation.
 
     Raises:
-        ValueError: on a non-positive size, or ``d_model`` not divisible by ``n_head``.
+        ValueError: on a non-positive size, ``d_model`` not divisible by ``n_head``, momentum
+            that would keep no velocity, or ``newton`` without ``energy_exact``.
     """
 
     vocab_size: int = 4096
@@ -80,6 +90,7 @@ class ModelConfig:
     attn_preconditioner: PreconditionerKind = "identity"
     mlp_preconditioner: PreconditionerKind = "identity"
     attn_precond_rank: int = 4
+    attn_precond_placement: PrecondPlacement = "per_head"
     mlp_precond_rank: int = 16
     preconditioner_psd: bool = False
     energy_exact: bool = False
@@ -104,6 +115,23 @@ class ModelConfig:
                                  f"got {getattr(self, name)!r}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if (self.attention == "cem" and self.update in ("momentum", "nesterov")
+                and self.momentum_scope == "step" and self.attn_steps == 1):
+            raise ValueError(f"update {self.update!r} with momentum_scope 'step' and "
+                             "attn_steps 1 keeps no velocity (plain gd): use momentum_scope "
+                             "'layer' or attn_steps > 1")
+        if self.update == "newton" and not self.energy_exact:
+            raise ValueError("update 'newton' (a proximal Newton step, the first Neumann term of "
+                             "(I + eta H)^-1) needs the exact energy gradient: energy_exact: true")
+
+    @property
+    def exact_gradient(self) -> bool:
+        """Whether every CEM attention step is the (preconditioned) gradient of its energy,
+        Eq. 1: false for CEM attention with a KQ diagonal but without ``energy_exact``
+        (Algorithm 1 drops the diagonal's term from the value path). Llama sublayers and the
+        CEM MLP are exact by construction or not energy descents at all."""
+        return not (self.attention == "cem" and self.kq_diag != "none"
+                    and not self.energy_exact)
 
     @property
     def d_head(self) -> int:

@@ -1,4 +1,5 @@
-"""Energy diagnostics: does each CEM step descend its energy, and is each P positive definite?"""
+"""Energy diagnostics: does each CEM step descend its energy (to first order, and in fact), and
+is each P positive definite?"""
 
 from __future__ import annotations
 
@@ -8,14 +9,28 @@ from workloads.models.cem import CEMMLP, CEMAttention
 from workloads.models.model import DecoderLM
 
 
+def _directional_derivative(sub: CEMAttention | CEMMLP, x: torch.Tensor, step: torch.Tensor,
+                            h: torch.Tensor) -> torch.Tensor:
+    """<grad_x eps(x | h), step> per token, (B, T): each token's energy depends on its own x
+    only (the keys/gate side is h's), so the gradient of the sum is per token."""
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(sub.energy(x, h).sum(), x)
+    return (grad * step).sum(-1)
+
+
 @torch.no_grad()
 def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
     """Per-layer, per-step mean energies and preconditioner eigenvalues on a batch ``idx`` (B, T).
 
     Keys: ``energy/{attn,mlp}/layer{l}/step{t}`` (t = 0..T, the mean over tokens of the
-    sublayer's energy at iterate x^(t) given its input, Eq. 1 / Eq. 7) and
-    ``precond_min_eig/{attn,mlp}/layer{l}[/head{k}]`` (smallest eigenvalue of each
-    preconditioner: P > 0 iff positive). Llama sublayers have neither and are just applied.
+    sublayer's energy at iterate x^(t) given its input, Eq. 1 / Eq. 7); for t = 1..T,
+    ``descent/{attn,mlp}/layer{l}/step{t}`` (mean over tokens of <grad_x eps(x^(t-1)),
+    x^(t) - x^(t-1)>: negative when the step points downhill) and
+    ``energy_fell/{attn,mlp}/layer{l}/step{t}`` (the fraction of tokens whose energy at x^(t)
+    is below that at x^(t-1)); and ``precond_min_eig/{attn,mlp}/layer{l}[/head{k}]``
+    (smallest eigenvalue of each preconditioner: P > 0 iff positive). Llama sublayers have
+    none of these and are just applied.
     """
     out: dict[str, float] = {}
     h = model.embed_tokens(idx)
@@ -26,8 +41,15 @@ def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
                 h = sub(h, carry)
                 continue
             xs = sub.iterates(h, carry) if isinstance(sub, CEMAttention) else sub.iterates(h)
+            energies = [sub.energy(x, h).float() for x in xs]  # (B, T) each
             for t, x in enumerate(xs):
-                out[f"energy/{name}/layer{layer}/step{t}"] = sub.energy(x, h).float().mean().item()
+                key = f"layer{layer}/step{t}"
+                out[f"energy/{name}/{key}"] = energies[t].mean().item()
+                if t:
+                    out[f"descent/{name}/{key}"] = _directional_derivative(
+                        sub, xs[t - 1], x - xs[t - 1], h).mean().item()
+                    out[f"energy_fell/{name}/{key}"] = (
+                        (energies[t] < energies[t - 1]).float().mean().item())
             if sub.precond is not None:
                 eigs = sub.precond.min_eigenvalue().tolist()
                 if len(eigs) == 1:

@@ -26,8 +26,9 @@ def _attention_forward(cfg: ModelConfig, seq_len: int) -> int:
     step = (2 * d * d  # q_proj
             + 2 * t * qk_width + 2 * t * v_width  # scores and weighted values
             + 2 * d * d  # W^Qᵀ back to the residual stream
-            + (k * _precond_flops(cfg.attn_preconditioner, cfg.preconditioner_psd, d,
-                                  cfg.attn_precond_rank) if per_head else 0))
+            + ((1 if cfg.attn_precond_placement == "shared" else k)
+               * _precond_flops(cfg.attn_preconditioner, cfg.preconditioner_psd, d,
+                                cfg.attn_precond_rank) if per_head else 0))
     if cfg.update == "newton":  # c = (W g) kᵀ [+ (D g) h~ᵀ], r k, p k, W^Qᵀ back [, r h~, p h~]
         step += 2 * d * d + 2 * t * d + 4 * t * d + 2 * d * d + (6 * t * d * k if diag else 0)
     keys = 2 * d * d  # k_proj, once (every step with plain reuse)

@@ -10,9 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from scipy.integrate import quad
-from scipy.special import spence
 
 from workloads.models import ModelConfig
 from workloads.models.cem import CEMMLP, CEMAttention
@@ -57,6 +55,8 @@ def descent_step(layer, x, h, eta, precond=None):
         energy = elementwise_energy(u, layer.gate_proj(h_norm), layer.up_proj.weight)
         grads = -torch.autograd.grad(energy.sum(), u)[0][:, :, None]  # (B, T, 1, D)
     if precond is not None:
+        if precond.p.shape[0] == 1:  # one shared P, after the head sum
+            grads = grads.sum(2, keepdim=True)
         grads = precond(grads)
     return x + eta * grads.sum(2)
 
@@ -76,6 +76,44 @@ def test_exact_attention_steps_are_preconditioned_autograd_descent(shape, diag, 
     for t in range(2):  # keys stay those of h: every step descends the same energy
         expected = descent_step(layer, xs[t], h, 0.7, layer.precond)
         torch.testing.assert_close(xs[t + 1], expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize(("diag", "precond", "psd"), [
+    (d, p, psd) for d, (p, psd) in itertools.product(
+        ["none", "per_head"], [("diag", False), ("diag_lowrank", False), ("diag_lowrank", True)])
+])
+def test_a_shared_preconditioner_is_one_p_after_the_head_sum(diag, precond, psd):
+    layer = make(CEMAttention, seed=5, n_head=3, attention="cem", attn_steps=2,
+                 attn_step_size=0.7, kq_diag=diag, attn_preconditioner=precond,
+                 preconditioner_psd=psd, energy_exact=True, attn_precond_placement="shared")
+    assert layer.precond.p.shape == (1, layer.cfg.d_model)  # one P, not one per head
+    h = torch.randn(2, 5, layer.cfg.d_model, dtype=torch.float64)
+    xs = layer.iterates(h)
+    for t in range(2):
+        torch.testing.assert_close(xs[t + 1], descent_step(layer, xs[t], h, 0.7, layer.precond),
+                                   rtol=1e-6, atol=1e-9)
+
+
+def test_only_a_shared_positive_definite_p_guarantees_a_descent_direction():
+    ascents = {}
+    for placement in ("per_head", "shared"):
+        ascents[placement] = 0
+        for seed in range(100):
+            layer = make(CEMAttention, seed=seed, n_head=2, attention="cem", kq_diag="shared",
+                         attn_preconditioner="diag_lowrank", preconditioner_psd=True,
+                         energy_exact=True, attn_precond_placement=placement)
+            with torch.no_grad():
+                layer.precond.lowrank_u.normal_(0, 2.0)  # every P (P_k) positive definite
+            h = torch.randn(2, 8, layer.cfg.d_model, dtype=torch.float64)
+            u = layer.norm(h).detach().requires_grad_(True)
+            energy = interaction_energy(u, layer.norm(h), layer._w(layer.q_proj),
+                                        layer._w(layer.k_proj), layer._diag(),
+                                        layer.score_bias(8, h.dtype))
+            (grad,) = torch.autograd.grad(energy.sum(), u)
+            direction = layer.direction(h, *layer.fixed_side(h), layer.score_bias(8, h.dtype))
+            ascents[placement] += int(((grad * direction).sum(-1) > 0).any())
+    assert ascents["shared"] == 0  # <grad, -P grad> <= 0 for every token
+    assert ascents["per_head"] > 0  # sum_k P_k g_k: some tokens go uphill
 
 
 @pytest.mark.parametrize(("shape", "diag"), itertools.product(SHAPES, ["shared", "per_head"]))
@@ -197,8 +235,9 @@ def test_momentum_and_nesterov_follow_their_recurrences():
         x1 = h + eta * v1
         v2 = mu * v1 + (d(x1 + eta * mu * v1) if rule == "nesterov" else d(x1))
         torch.testing.assert_close(layer(h), x1 + eta * v2)
-    one_step = make(CEMAttention, seed=4, attention="cem", n_head=2, update="momentum")
-    torch.testing.assert_close(one_step(h), h + d(h))  # T = 1 within a layer: plain descent
+    # T = 1 within a layer would be plain descent, silently: refused.
+    with pytest.raises(ValueError, match="keeps no velocity"):
+        make(CEMAttention, seed=4, attention="cem", n_head=2, update="momentum")
 
 
 def test_layer_scope_momentum_carries_the_velocity_to_the_next_layer():
@@ -231,22 +270,24 @@ def test_plain_layer_reuse_applies_the_whole_sublayer_again(cls, kind):
         assert not torch.allclose(recursion(h), twice(h))
 
 
-def test_silu_integral_closed_form_against_scipy():
-    x = np.concatenate([np.linspace(-40, -0.5, 400), np.linspace(0.5, 40, 400)])
-    ref = x * np.logaddexp(0, x) + spence(1 + np.exp(x)) + math.pi**2 / 12  # Li2(z)=spence(1-z)
-    for dtype, rtol in ((torch.float64, 1e-9), (torch.float32, 3e-6)):
+def test_silu_integral_against_numerical_integration():
+    # phi(x) = int_0^x z sigmoid(z) dz, by adaptive quadrature: independent of the closed form.
+    x = np.concatenate([np.linspace(-40, 40, 161), [-0.49, -1e-3, 1e-4, 0.49, 0.51]])
+    ref = np.array([quad(lambda z: z / (1 + math.exp(-z)), 0, v, epsabs=1e-13, limit=200)[0]
+                    for v in x])
+    for dtype, rtol in ((torch.float64, 1e-8), (torch.float32, 3e-6)):
         got = silu_integral(torch.tensor(x, dtype=dtype)).double().numpy()
         np.testing.assert_allclose(got, ref, rtol=rtol, atol=1e-12)
-    small = np.array([-0.49, -0.2, -1e-3, 1e-4, 0.05, 0.3, 0.49])  # the Taylor range
-    ref_small = [quad(lambda z: z / (1 + math.exp(-z)), 0, v, epsabs=1e-15)[0] for v in small]
-    np.testing.assert_allclose(silu_integral(torch.tensor(small)).numpy(), ref_small, rtol=1e-8)
 
 
-def test_silu_integral_derivative_is_silu_and_matches_its_values():
-    x = torch.linspace(-8, 8, 101, dtype=torch.float64, requires_grad=True)
-    (grad,) = torch.autograd.grad(silu_integral(x).sum(), x)
-    torch.testing.assert_close(grad, F.silu(x.detach()))
-    assert torch.autograd.gradcheck(silu_integral, (x.detach()[::10].clone().requires_grad_(),))
+def test_silu_integral_forward_differentiates_to_silu_and_backward_agrees():
+    # The forward's own central differences (not the hand-written backward) give SiLU ...
+    x = torch.linspace(-8, 8, 101, dtype=torch.float64)
+    h = 1e-5
+    numeric = (silu_integral(x + h) - silu_integral(x - h)) / (2 * h)
+    torch.testing.assert_close(numeric, x * torch.sigmoid(x), rtol=1e-7, atol=1e-9)
+    # ... and the backward agrees with the forward's numerical derivative.
+    assert torch.autograd.gradcheck(silu_integral, (x[::10].clone().requires_grad_(),))
 
 
 def test_preconditioner_init_and_definiteness():
@@ -264,6 +305,25 @@ def test_preconditioner_init_and_definiteness():
     assert (psd.min_eigenvalue() > 0).all()
     g = torch.randn(5, 3, 8, dtype=torch.float64)
     torch.testing.assert_close(psd(g), torch.einsum("gij,bgj->bgi", psd.matrix(), g))
+
+
+@pytest.mark.parametrize("psd", [False, True])
+def test_preconditioner_against_its_dense_formula(psd):
+    # diag(softplus(sqrt(D) p)) + U Vᵀ + V Uᵀ (or + U Uᵀ), written out per group by hand.
+    torch.manual_seed(0)
+    pre = Preconditioner("diag_lowrank", dim=6, rank=2, groups=3, psd=psd).double()
+    with torch.no_grad():
+        pre.p.normal_(0, 1.0)
+        pre.lowrank_u.normal_(0, 1.0)
+        if not psd:
+            pre.lowrank_v.normal_(0, 1.0)
+    g = torch.randn(4, 3, 6, dtype=torch.float64)
+    for k in range(3):
+        u = pre.lowrank_u[k]
+        v = u if psd else pre.lowrank_v[k]
+        low = u @ u.T if psd else u @ v.T + v @ u.T
+        dense = torch.diag(torch.log1p(torch.exp(math.sqrt(6) * pre.p[k]))) + low
+        torch.testing.assert_close(pre(g)[:, k], g[:, k] @ dense.T)
 
 
 def test_learnable_step_size_is_trained():

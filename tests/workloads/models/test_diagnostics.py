@@ -24,7 +24,8 @@ def test_diagnostics_cover_every_layer_step_and_preconditioner():
                                 math.log1p(math.e), rel_tol=1e-5)
         assert math.isclose(out[f"precond_min_eig/mlp/layer{layer}"], math.log1p(math.e),
                             rel_tol=1e-5)
-    assert len(out) == cfg.n_layer * (2 * 3 + cfg.n_head + 1)
+    # Per layer: 2 sublayers x 3 energies, 2 x 2 steps x (descent, energy_fell), the spectra.
+    assert len(out) == cfg.n_layer * (2 * 3 + 2 * 2 * 2 + cfg.n_head + 1)
 
 
 def test_diagnostics_energies_are_those_of_the_sublayers():
@@ -41,3 +42,29 @@ def test_diagnostics_energies_are_those_of_the_sublayers():
                             attn.energy(x, h).mean().item(), rel_tol=1e-6)
     assert "energy/mlp/layer0/step1" in out and "energy/mlp/layer0/step2" not in out
     assert not any(k.startswith("precond") for k in out)  # identity preconditioners
+
+
+def test_descent_and_the_fraction_of_tokens_whose_energy_fell():
+    torch.manual_seed(2)
+    # Exact gradient steps (no diagonal), small: downhill to first order, and in fact.
+    cfg = ModelConfig.from_preset("nano", attention="cem", mlp="cem", attn_steps=2,
+                                  attn_step_size=0.05, mlp_step_size=0.05)
+    assert cfg.exact_gradient
+    model = build_model(cfg).double()
+    idx = torch.randint(0, cfg.vocab_size, (2, 12))
+    out = energy_diagnostics(model, idx)
+    h = model.embed_tokens(idx)
+    attn = model.blocks[0].attn
+    xs = attn.iterates(h)
+    for t in (1, 2):
+        # Independently: the finite difference of each token's energy along its step.
+        eps = 1e-6
+        step = xs[t] - xs[t - 1]
+        fd = (attn.energy(xs[t - 1] + eps * step, h) - attn.energy(xs[t - 1] - eps * step, h)
+              ) / (2 * eps)
+        assert math.isclose(out[f"descent/attn/layer0/step{t}"], fd.mean().item(),
+                            rel_tol=1e-5)
+        assert out[f"descent/attn/layer0/step{t}"] < 0
+        fell = (attn.energy(xs[t], h) < attn.energy(xs[t - 1], h)).double().mean().item()
+        assert out[f"energy_fell/attn/layer0/step{t}"] == fell > 0.9
+    assert not ModelConfig.from_preset("nano", **CEM_BEST).exact_gradient  # diagonal, Alg. 1

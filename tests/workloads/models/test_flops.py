@@ -16,11 +16,15 @@ VARIANTS = [
      "attn_preconditioner": "diag_lowrank", "mlp_preconditioner": "diag_lowrank"},
     {"attention": "cem", "kq_diag": "per_head", "energy_exact": True,
      "attn_preconditioner": "diag"},
-    {"attention": "cem", "update": "newton", "kq_diag": "shared"},
+    {"attention": "cem", "update": "newton", "kq_diag": "shared", "energy_exact": True},
     {"attention": "cem", "update": "nesterov", "attn_steps": 3},
     {"attention": "cem", "mlp": "cem", "layer_reuse": True, "attn_steps": 2, "mlp_steps": 3},
     {"attention": "cem", "mlp": "cem", "preconditioner_psd": True,
      "attn_preconditioner": "diag_lowrank", "mlp_preconditioner": "diag_lowrank"},
+    {"attention": "cem", "kq_diag": "per_head", "energy_exact": True,
+     "attn_preconditioner": "diag_lowrank", "attn_precond_placement": "shared"},
+    {"attention": "cem", "attn_preconditioner": "diag_lowrank",
+     "attn_precond_placement": "shared"},
 ]
 
 
