@@ -1,4 +1,5 @@
-"""Optimal learning rates by Akima interpolation over log2(LR) (paper Sec. 4.2, Fig. 3a)."""
+"""Optimal learning rates by Akima interpolation over log2(LR) (paper Sec. 4.2, Fig. 3a),
+chosen on validation; test is reported at the choice."""
 
 from __future__ import annotations
 
@@ -27,12 +28,9 @@ class Optimum:
     n_points: int
 
 
-def akima_optimum(lrs: list[float], values: list[float]) -> Optimum:
-    """Minimum of the Akima interpolant of ``values`` over log2(``lrs``).
-
-    The interpolant (``scipy.interpolate.Akima1DInterpolator``) is evaluated on
-    ``_GRID_POINTS`` evenly spaced log2 learning rates between the extremes, and at the grid
-    points themselves; with one learning rate the optimum is that point.
+def _interpolant(lrs: list[float], values: list[float]):
+    """``(x, y, f)``: the sorted log2 learning rates, their values, and ``f(log2_lr)`` the Akima
+    interpolant through them (linear for two points, constant for one).
 
     Raises:
         ValueError: no points, mismatched lengths, repeated learning rates or non-finite values.
@@ -47,51 +45,92 @@ def akima_optimum(lrs: list[float], values: list[float]) -> Optimum:
     x = np.log2(np.asarray(lrs, dtype=float)[order])
     y = np.asarray(values, dtype=float)[order]
     if len(x) == 1:
+        return x, y, lambda g: np.full_like(np.asarray(g, dtype=float), y[0])
+    if len(x) == 2:
+        return x, y, lambda g: np.interp(g, x, y)
+    return x, y, Akima1DInterpolator(x, y)
+
+
+def akima_optimum(lrs: list[float], values: list[float]) -> Optimum:
+    """Minimum of the Akima interpolant of ``values`` over log2(``lrs``).
+
+    The interpolant (``scipy.interpolate.Akima1DInterpolator``) is evaluated on
+    ``_GRID_POINTS`` evenly spaced log2 learning rates between the extremes, and at the grid
+    points themselves; with one learning rate the optimum is that point.
+
+    Raises:
+        ValueError: as ``_interpolant``.
+    """
+    x, y, f = _interpolant(lrs, values)
+    if len(x) == 1:
         return Optimum(float(lrs[0]), float(values[0]), False, 1)
     grid = np.union1d(np.linspace(x[0], x[-1], _GRID_POINTS), x)
-    fitted = Akima1DInterpolator(x, y)(grid) if len(x) > 2 else np.interp(grid, x, y)
+    fitted = f(grid)
     best = int(np.argmin(fitted))
     return Optimum(float(2 ** grid[best]), float(fitted[best]),
                    bool(best == 0 or best == len(grid) - 1 or np.argmin(y) in (0, len(y) - 1)),
                    len(x))
 
 
+def akima_value(lrs: list[float], values: list[float], lr: float) -> float:
+    """The Akima interpolant of ``values`` over log2(``lrs``) at ``lr`` (within the grid).
+
+    Raises:
+        ValueError: as ``_interpolant``, or ``lr`` outside the grid's range.
+    """
+    x, _, f = _interpolant(lrs, values)
+    at = math.log2(lr)
+    if not x[0] - 1e-9 <= at <= x[-1] + 1e-9:
+        raise ValueError(f"learning rate {lr:g} outside the grid {min(lrs):g}..{max(lrs):g}")
+    return float(f(np.clip(at, x[0], x[-1])))
+
+
 @dataclass(frozen=True)
 class Point:
-    """One finished trial: its grid coordinates and its test metric."""
+    """One finished trial: its grid coordinates, validation and test metrics."""
 
     dataset: str
     variant: str
     size: str
     seed: int
     lr: float
-    value: float
+    val: float
+    test: float
 
 
 def optima_table(points: list[Point], metric: str) -> list[dict]:
-    """Per (dataset, variant, size): the Akima optimum of every seed, then mean ± std over seeds
-    (sample std; 0 for one seed) of the optimal LR and the optimal ``metric``.
+    """Per (dataset, variant, size): each seed's learning rate chosen on validation (the Akima
+    optimum of ``val``), the test metric at that choice, then mean ± std over seeds (sample std;
+    0 for one seed).
 
-    Rows carry ``dataset, variant, size, seeds, lrs`` (points per seed), ``opt_lr``,
-    ``opt_lr_std``, ``opt_<metric>``, ``opt_<metric>_std``, ``best_tried_<metric>`` (the best
-    trial actually run) and ``warning`` (seeds whose optimum sits at a grid edge).
+    Rows carry ``dataset, variant, size, seeds, lrs`` (points per seed), ``opt_lr`` and
+    ``opt_lr_std`` (the chosen LR), ``opt_val_<metric>`` and ``_std`` (validation at the
+    optimum), ``opt_<metric>`` and ``_std`` (test: its Akima interpolant at the chosen LR),
+    ``nearest_<metric>`` (test of the trained LR nearest the chosen one, in log2) and
+    ``warning`` (seeds whose optimum sits at a grid edge). Test never chooses anything.
     """
     groups: dict[tuple, dict[int, list[Point]]] = defaultdict(lambda: defaultdict(list))
     for p in points:
         groups[(p.dataset, p.variant, p.size)][p.seed].append(p)
     rows = []
     for (dataset, variant, size), by_seed in groups.items():
-        optima = {seed: akima_optimum([p.lr for p in ps], [p.value for p in ps])
-                  for seed, ps in sorted(by_seed.items())}
-        lr_opts = [o.lr for o in optima.values()]
-        v_opts = [o.value for o in optima.values()]
-        edge = [str(s) for s, o in optima.items() if o.at_edge]
+        chosen, tests, nearest = {}, [], []
+        for seed, ps in sorted(by_seed.items()):
+            lrs = [p.lr for p in ps]
+            chosen[seed] = opt = akima_optimum(lrs, [p.val for p in ps])
+            tests.append(akima_value(lrs, [p.test for p in ps], opt.lr))
+            nearest.append(min(ps, key=lambda p: abs(math.log2(p.lr / opt.lr))).test)
+        lr_opts = [o.lr for o in chosen.values()]
+        val_opts = [o.value for o in chosen.values()]
+        edge = [str(s) for s, o in chosen.items() if o.at_edge]
         rows.append({
-            "dataset": dataset, "variant": variant, "size": size, "seeds": len(optima),
-            "lrs": max(o.n_points for o in optima.values()),
+            "dataset": dataset, "variant": variant, "size": size, "seeds": len(chosen),
+            "lrs": max(o.n_points for o in chosen.values()),
             "opt_lr": statistics.fmean(lr_opts), "opt_lr_std": _std(lr_opts),
-            f"opt_{metric}": statistics.fmean(v_opts), f"opt_{metric}_std": _std(v_opts),
-            f"best_tried_{metric}": min(p.value for ps in by_seed.values() for p in ps),
+            f"opt_val_{metric}": statistics.fmean(val_opts),
+            f"opt_val_{metric}_std": _std(val_opts),
+            f"opt_{metric}": statistics.fmean(tests), f"opt_{metric}_std": _std(tests),
+            f"nearest_{metric}": statistics.fmean(nearest),
             "warning": f"optimum at a grid edge (seed {', '.join(edge)})" if edge else ""})
     return rows
 

@@ -103,9 +103,10 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     except Exception as e:
         record(ledger, client, task.row_id, job.run_id, Status.FAILED, error=str(e)[-2000:])
         raise
-    metric = get_workload(job.trial.workload).metric
+    workload = get_workload(job.trial.workload)
     record(ledger, client, task.row_id, job.run_id, Status.FINISHED,
-           metric=result.metrics[metric], error=None,
+           metric=result.metrics[workload.metric],
+           val_metric=result.metrics[workload.selection_metric], error=None,
            checkpoint_path=task.uri(result.checkpoint.path.rsplit("/", 1)[-1])
            if result.checkpoint else None)
 

@@ -141,6 +141,7 @@ class TrialRow(Base):
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     checkpoint_path: Mapped[str | None] = mapped_column(Text)
     metric: Mapped[float | None] = mapped_column(Float)  # the workload's test metric when done
+    val_metric: Mapped[float | None] = mapped_column(Float)  # its validation metric (selection)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime)

@@ -14,6 +14,7 @@ from orchestrator.table import format_table
 from workloads.base import Trial
 from workloads.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
 from workloads.models import ModelConfig
+from workloads.provenance import code_fingerprint
 from workloads.registry import get_workload
 
 
@@ -30,13 +31,15 @@ def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,
 
 
 def trial_id(spec: ExperimentSpec, model: ModelConfig, dataset: str, lr: float, seed: int,
-             tokens: int) -> str:
-    """Hash of a trial's scientific identity: workload, dataset, model, data, budget, optimizer,
-    learning rate and seed; not its resources, micro-batching or logging."""
+             tokens: int, data: Any = None, code: str | None = None) -> str:
+    """Hash of a trial's scientific identity: workload, dataset, model, data (with ``data``,
+    the prepared data: a corpus's content), budget, optimizer, learning rate, seed and the code
+    that computes it (``code``, default ``code_fingerprint()``); not its resources,
+    micro-batching or logging."""
     identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
-                "data": get_workload(spec.workload).identity(spec.workload_config),
+                "data": get_workload(spec.workload).identity(spec.workload_config, data),
                 "training": spec.training.model_dump(exclude=NOT_SCIENCE),
-                "lr": lr, "seed": seed, "tokens": tokens}
+                "lr": lr, "seed": seed, "tokens": tokens, "code": code or code_fingerprint()}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -59,7 +62,7 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
                 for lr in spec.learning_rates:
                     for seed in spec.seeds:
                         trials.append(Trial(
-                            trial_id(spec, model, dataset, lr, seed, budget.units),
+                            trial_id(spec, model, dataset, lr, seed, budget.units, data),
                             spec.workload, dataset, variant, size, lr, seed, model, config,
                             spec.training, spec.resources, budget, micro, accum))
     return trials

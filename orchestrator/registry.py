@@ -1,8 +1,8 @@
 """The MLflow model registry: the best trial per (variant, size), and evaluating it again.
 
 Registered models are named ``cemlab-<variant>-<size>``; alias ``best`` points at the version
-with the lowest test perplexity; tags record its trial hash, test perplexity, parameters,
-tokens, data config and experiment.
+with the lowest validation perplexity (chosen on validation, never on test); tags record its
+trial hash, validation and test perplexity, parameters, tokens, data config and experiment.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ def model_name(variant: str, size: str) -> str:
 
 
 def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
-                  results: dict[str, tuple[str, float]]) -> list[str]:
-    """Register the best finished trial of every (variant, size) unless alias ``best`` already
-    names a version with a perplexity at least as good (so resubmitting registers nothing).
+                  results: dict[str, tuple[str, float, float]]) -> list[str]:
+    """Register the best finished trial of every (variant, size), by validation perplexity,
+    unless alias ``best`` already names a version at least as good on validation (so
+    resubmitting registers nothing; a version from before validation was recorded counts as
+    worse).
 
-    ``results`` maps trial ids to ``(mlflow run id, test perplexity)``. Returns
-    ``name@alias -> version`` lines of what was registered.
+    ``results`` maps trial ids to ``(mlflow run id, validation perplexity, test perplexity)``.
+    Returns ``name@alias -> version`` lines of what was registered.
     """
     best: dict[tuple[str, str], Trial] = {}
     for t in trials:
@@ -43,14 +45,15 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
     done = []
     for (variant, size), t in best.items():
         name = model_name(variant, size)
-        run_id, ppl = results[t.trial_id]
+        run_id, val, test = results[t.trial_id]
         current = _alias_version(client, name)
-        if current is not None and float(current.tags.get("test_perplexity", "inf")) <= ppl:
+        if current is not None and float(current.tags.get("val_perplexity", "inf")) <= val:
             continue
         if current is None and not client.search_registered_models(f"name = '{name}'"):
             client.create_registered_model(name, description=f"Best {variant} at size {size} "
-                                           "by test perplexity (CEM Lab)")
-        tags = {"trial_id": t.trial_id, "test_perplexity": repr(ppl), "experiment": experiment,
+                                           "by validation perplexity (CEM Lab)")
+        tags = {"trial_id": t.trial_id, "val_perplexity": repr(val),
+                "test_perplexity": repr(test), "experiment": experiment,
                 "variant": variant, "size": size, "lr": repr(t.lr), "seed": str(t.seed),
                 "params_total": str(t.params["total"]),
                 "params_non_embedding": str(t.params["non_embedding"]),
@@ -59,8 +62,8 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
         version = client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id,
                                               tags=tags)
         client.set_registered_model_alias(name, ALIAS, version.version)
-        done.append(f"{name}@{ALIAS} -> version {version.version} ({t.label}, "
-                    f"test perplexity {ppl:.2f})")
+        done.append(f"{name}@{ALIAS} -> version {version.version} ({t.label}, validation "
+                    f"perplexity {val:.2f}, test {test:.2f})")
     return done
 
 
@@ -96,6 +99,8 @@ def list_rows(client: MlflowClient) -> list[dict]:
         tags = v.tags if v else {}
         rows.append({"name": m.name, "best version": v.version if v else None,
                      "versions": len(client.search_model_versions(f"name = '{m.name}'")),
+                     "val ppl": float(tags["val_perplexity"]) if "val_perplexity" in tags
+                     else None,
                      "test ppl": float(tags["test_perplexity"]) if tags else None,
                      "params": int(tags["params_total"]) if tags else None,
                      "tokens": int(tags["tokens"]) if tags else None,

@@ -1,5 +1,6 @@
 """From the ledger to an experiment's results: its rows on the current grid, Akima optima per
-(dataset, variant, size), stored on the MLflow parent run and printed; progress by status."""
+(dataset, variant, size) chosen on validation with test reported there, stored on the MLflow
+parent run and printed; progress by status."""
 
 from __future__ import annotations
 
@@ -50,32 +51,39 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
 
 
 def optima(spec: ExperimentSpec, rows: list[TrialRow]) -> list[dict]:
-    """``optima_table`` of the finished rows."""
-    points = [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.metric) for r in rows
-              if r.status == Status.FINISHED and r.metric is not None]
+    """``optima_table`` of the finished rows (those finished before validation metrics were
+    recorded have none, and are left out)."""
+    points = [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.val_metric, r.metric)
+              for r in rows if r.status == Status.FINISHED and r.metric is not None
+              and r.val_metric is not None]
     return optima_table(points, short_metric(spec)) if points else []
 
 
 def store_on_parent(client: MlflowClient, parent_run_id: str, table: list[dict],
                     metric: str) -> None:
-    """Log the optima as metrics ``<dataset>/<variant>/<size>/opt_lr`` (and ``opt_<metric>``,
-    with ``_std``) and the whole table as artifact ``akima_optima.json`` of the parent run."""
+    """Log the optima as metrics ``<dataset>/<variant>/<size>/opt_lr`` (the LR chosen on
+    validation), ``opt_val_<metric>``, ``opt_<metric>`` (test at that LR), with ``_std``, and
+    ``nearest_<metric>``; and the whole table as artifact ``akima_optima.json`` of the parent
+    run."""
+    keys = ("opt_lr", "opt_lr_std", f"opt_val_{metric}", f"opt_val_{metric}_std",
+            f"opt_{metric}", f"opt_{metric}_std", f"nearest_{metric}")
     metrics = [Metric(f"{row['dataset']}/{row['variant']}/{row['size']}/{key}",
-                      float(row[key]), 0, 0)
-               for row in table
-               for key in ("opt_lr", "opt_lr_std", f"opt_{metric}", f"opt_{metric}_std")]
+                      float(row[key]), 0, 0) for row in table for key in keys]
     if metrics:
         client.log_batch(parent_run_id, metrics=metrics)
         client.log_table(parent_run_id, data=pd.DataFrame(table), artifact_file=TABLE_ARTIFACT)
 
 
 def format_optima(table: list[dict], metric: str) -> str:
-    """The optima as a terminal table (LR and metric as mean ± std over seeds), then warnings."""
+    """The optima as a terminal table (mean ± std over seeds: the LR chosen on validation,
+    validation there, test there), then warnings."""
     rows = [{"dataset": r["dataset"], "variant": r["variant"], "size": r["size"],
              "seeds": r["seeds"], "LRs": r["lrs"],
-             "optimal LR": _pm(r["opt_lr"], r["opt_lr_std"], "{:.2e}"),
-             f"optimal {metric}": _pm(r[f"opt_{metric}"], r[f"opt_{metric}_std"], "{:.3f}"),
-             f"best tried {metric}": f"{r[f'best_tried_{metric}']:.3f}"} for r in table]
+             "optimal LR (val)": _pm(r["opt_lr"], r["opt_lr_std"], "{:.2e}"),
+             f"val {metric}": _pm(r[f"opt_val_{metric}"], r[f"opt_val_{metric}_std"], "{:.3f}"),
+             f"optimal {metric} (test)": _pm(r[f"opt_{metric}"], r[f"opt_{metric}_std"],
+                                             "{:.3f}"),
+             f"test {metric}, nearest LR": f"{r[f'nearest_{metric}']:.3f}"} for r in table]
     warnings = [f"warning: {r['variant']}@{r['size']} ({r['dataset']}): {r['warning']}"
                 for r in table if r["warning"]]
     return "\n".join([format_table(rows), *warnings])

@@ -183,17 +183,20 @@ def analyse(spec: ExperimentSpec, trials: list[Trial], books: Books,
 
 def report(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
            table: list[dict[str, Any]], wall_s: float) -> None:
-    """Print every trial's status and metric, then the optima."""
+    """Print every trial's status and metrics, then the optima."""
     metric = metric_name(spec)
+    selection = get_workload(spec.workload).selection_metric
     by_hash = {r.trial_hash: r for r in rows}
     print(f"\n[cemlab] results of '{spec.name}' (wall {wall_s:.0f}s)")
     print(format_table([{"dataset": t.dataset, "variant": t.variant, "size": t.size,
                          "lr": f"{t.lr:g}", "seed": t.seed, "params": t.params["total"],
                          "tokens": t.tokens, "status": str(by_hash[t.trial_id].status),
+                         selection: by_hash[t.trial_id].val_metric,
                          metric: by_hash[t.trial_id].metric}
                         for t in trials if t.trial_id in by_hash]))
     if table:
-        print(f"\n[cemlab] Akima optima over log2(LR) of {metric}")
+        print(f"\n[cemlab] Akima optima over log2(LR): chosen on {selection}, {metric} "
+              "reported there")
         print(format_optima(table, short_metric(spec)))
 
 
@@ -203,7 +206,8 @@ def register(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
     registrable."""
     if not get_workload(spec.workload).registers_models:
         return
-    results = {r.trial_hash: (r.mlflow_run_id, r.metric) for r in rows}
+    results = {r.trial_hash: (r.mlflow_run_id, r.val_metric, r.metric) for r in rows
+               if r.val_metric is not None}
     for line in register_best(books.client, spec.name, trials, results):
         print(f"[cemlab] registered {line}")
 

@@ -12,11 +12,20 @@ from mlflow.entities import Metric, Param, RunStatus
 from orchestrator.ledger import Status
 from orchestrator.spec import ExperimentSpec
 from workloads.base import Trial
+from workloads.provenance import code_fingerprint, git_commit
 from workloads.registry import get_workload
 
 TRIAL_TAG = "cemlab.trial_id"
 ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
+COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own: the UI shows it as the run's source
+CODE_TAG = "cemlab.code"  # provenance.code_fingerprint(), part of every trial id
+
+
+def provenance_tags() -> dict[str, str]:
+    """The commit this code runs from (when known) and the fingerprint of its science code."""
+    commit = git_commit()
+    return {CODE_TAG: code_fingerprint(), **({COMMIT_TAG: commit} if commit else {})}
 
 _RUN_STATUS = {Status.PENDING: RunStatus.SCHEDULED, Status.RUNNING: RunStatus.RUNNING,
                Status.FINISHED: RunStatus.FINISHED, Status.FAILED: RunStatus.FAILED}
@@ -43,9 +52,9 @@ def experiment_id(client: MlflowClient, name: str) -> str:
 def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,
                      spec_yaml: str) -> str:
     """Create the experiment's parent run: the spec as artifact ``spec.yaml``, the grid axes as
-    params. Returns its run id."""
-    run = client.create_run(exp_id, run_name=spec.name, tags={ROLE_TAG: "experiment",
-                                                              "workload": spec.workload})
+    params, ``provenance_tags``. Returns its run id."""
+    run = client.create_run(exp_id, run_name=spec.name, tags={
+        ROLE_TAG: "experiment", "workload": spec.workload, **provenance_tags()})
     datasets = get_workload(spec.workload).datasets(spec.workload_config)
     axes = {"sizes": ",".join(spec.sizes), "variants": ",".join(spec.variants),
             "learning_rates": ",".join(f"{lr:g}" for lr in spec.learning_rates),
@@ -69,14 +78,18 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
 
     Params: ``model.*`` (the resolved ``ModelConfig``), the workload's section (``data.*`` or
     ``gp.*``), ``training.*``, ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
-    steps and batch geometry. Metrics at step 0: ``params_<role>`` for every role of
+    steps and batch geometry. Tags: the trial's coordinates, ``cemlab.exact_gradient``
+    (``false`` when its CEM attention steps are not the exact energy gradient,
+    ``ModelConfig.exact_gradient``) and ``provenance_tags`` (commit, code fingerprint). Metrics at step 0: ``params_<role>`` for every role of
     ``Trial.params``, ``flops_per_token`` (per example for GP; training, analytic), plus
     ``extra_metrics``. Returns the run id.
     """
     tags = {TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial", PARENT_TAG: parent_run_id,
             "variant": trial.variant, "size": trial.size, "dataset": trial.dataset,
             "lr": f"{trial.lr:g}", "seed": str(trial.seed),
-            "attention": trial.model.attention, "mlp": trial.model.mlp}
+            "attention": trial.model.attention, "mlp": trial.model.mlp,
+            "cemlab.exact_gradient": str(trial.model.exact_gradient).lower(),
+            **provenance_tags()}
     run = client.create_run(exp_id, run_name=trial.label, tags=tags)
     section = get_workload(trial.workload).section
     params = flatten({"model": trial.model.to_dict(), section: trial.config.model_dump(),

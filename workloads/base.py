@@ -112,7 +112,8 @@ class Workload(ABC, Generic[C, D]):
 
     Class attributes: ``name`` (the spec's ``workload:`` value), ``section`` (the spec key of its
     own config) and ``config_type`` (that section's pydantic model), ``metric`` (the test metric
-    a trial is judged by, lower is better), ``unit`` (what ``Budget.units`` counts),
+    a trial is reported by, lower is better), ``selection_metric`` (its validation twin, by
+    which learning rates and ``best`` models are chosen), ``unit`` (what ``Budget.units`` counts),
     ``micro_batches`` (whether a worker splits its share of the batch into micro-batches with
     gradient accumulation, or takes it whole), ``registers_models`` (whether the best trials go
     to the MLflow model registry).
@@ -122,6 +123,7 @@ class Workload(ABC, Generic[C, D]):
     section: ClassVar[str]
     config_type: ClassVar[type[BaseModel]]
     metric: ClassVar[str]
+    selection_metric: ClassVar[str]
     unit: ClassVar[str] = "tokens"
     micro_batches: ClassVar[bool] = True
     registers_models: ClassVar[bool] = False
@@ -130,8 +132,9 @@ class Workload(ABC, Generic[C, D]):
         """The dataset names a spec's grid runs over (one trial per dataset and grid point)."""
         return [self.name]
 
-    def identity(self, config: C) -> dict[str, Any]:
-        """The part of ``config`` that changes what a trial computes (hashed into its id)."""
+    def identity(self, config: C, data: D | None = None) -> dict[str, Any]:
+        """What of ``config`` (and of the prepared ``data``, when given) changes what a trial
+        computes (hashed into its id)."""
         return config.model_dump()
 
     def vocab_size(self, config: C, data: D | None) -> int | None:

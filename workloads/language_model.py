@@ -120,11 +120,17 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
     section = "data"
     config_type = CorpusConfig
     metric = "test_perplexity"
+    selection_metric = "val_perplexity"
     unit = "tokens"
     registers_models = True
 
     def datasets(self, config: CorpusConfig) -> list[str]:
         return [config.source]
+
+    def identity(self, config: CorpusConfig, data: PreparedCorpus | None = None) -> dict:
+        """The config, and with ``data`` the prepared corpus's name ``corpus-<key>``, a hash of
+        the config and of every document's id and content: an edited corpus is new data."""
+        return {**config.model_dump(), **({"corpus": data.name} if data is not None else {})}
 
     def vocab_size(self, config: CorpusConfig, data: PreparedCorpus | None) -> int:
         return data.vocab_size if data is not None else config.vocab_size

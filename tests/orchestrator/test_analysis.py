@@ -1,4 +1,5 @@
-"""Akima optima over log2(LR): known minima, edge warnings, mean ± std over seeds."""
+"""Akima optima over log2(LR): known minima, edge warnings, the choice on validation with
+test reported there, mean ± std over seeds."""
 
 import math
 import statistics
@@ -6,7 +7,7 @@ import statistics
 import numpy as np
 import pytest
 
-from orchestrator.analysis import Point, akima_optimum, optima_table
+from orchestrator.analysis import Point, akima_optimum, akima_value, optima_table
 
 LRS = [0.0005, 0.001, 0.002, 0.004, 0.008]
 
@@ -46,21 +47,42 @@ def test_bad_inputs_raise(lrs, values):
         akima_optimum(lrs, values)
 
 
-def test_table_averages_the_per_seed_optima():
-    bests = {0: 0.0015, 1: 0.0025, 2: 0.003}
-    points = [Point("d", "cem", "micro", seed, lr, bowl(lr, best, 20.0 + seed))
-              for seed, best in bests.items() for lr in LRS]
-    points += [Point("d", "llama", "micro", 0, lr, 50.0 - 3 * i) for i, lr in enumerate(LRS)]
+def test_a_value_is_interpolated_only_inside_the_grid():
+    values = [31.0, 25.0, 24.0, 26.5, 33.0]
+    for lr, v in zip(LRS, values):  # through its points
+        assert akima_value(LRS, values, lr) == pytest.approx(v)
+    with pytest.raises(ValueError, match="outside the grid"):
+        akima_value(LRS, values, 0.02)
+
+
+def test_the_lr_is_chosen_on_validation_and_test_is_reported_there():
+    # Validation's bowl is centred elsewhere than test's: choosing on test would give ~30.
+    val_best = {0: 0.0015, 1: 0.0025, 2: 0.003}
+    test_best = 0.006
+    points = [Point("d", "cem", "micro", seed, lr, bowl(lr, best, 20.0 + seed),
+                    bowl(lr, test_best, 30.0 + seed))
+              for seed, best in val_best.items() for lr in LRS]
+    points += [Point("d", "llama", "micro", 0, lr, 50.0 - 3 * i, 60.0 - i)
+               for i, lr in enumerate(LRS)]
     rows = {r["variant"]: r for r in optima_table(points, "perplexity")}
     cem = rows["cem"]
     per_seed = [akima_optimum(LRS, [bowl(lr, b, 20.0 + s) for lr in LRS])
-                for s, b in bests.items()]
+                for s, b in val_best.items()]
     assert cem["seeds"] == 3 and cem["lrs"] == 5
     assert cem["opt_lr"] == pytest.approx(statistics.fmean(o.lr for o in per_seed))
     assert cem["opt_lr_std"] == pytest.approx(statistics.stdev(o.lr for o in per_seed))
-    assert cem["opt_perplexity"] == pytest.approx(21.0, abs=0.1)
-    assert cem["opt_perplexity_std"] == pytest.approx(1.0, abs=0.1)
+    assert cem["opt_val_perplexity"] == pytest.approx(21.0, abs=0.1)
+    assert cem["opt_val_perplexity_std"] == pytest.approx(1.0, abs=0.1)
+    # Test at each seed's validation choice: the test parabola there (Akima follows it).
+    at_choice = [30.0 + s + (math.log2(o.lr) - math.log2(test_best)) ** 2
+                 for s, o in zip(val_best, per_seed)]
+    assert cem["opt_perplexity"] == pytest.approx(statistics.fmean(at_choice), abs=0.1)
+    assert cem["opt_perplexity"] > 31.0 + 1.0  # worse than test's own minimum: not chosen on it
+    nearest = [min(LRS, key=lambda lr: abs(math.log2(lr / o.lr))) for o in per_seed]
+    assert cem["nearest_perplexity"] == pytest.approx(statistics.fmean(
+        bowl(lr, test_best, 30.0 + s) for s, lr in zip(val_best, nearest)))
     assert cem["warning"] == ""
-    assert rows["llama"]["warning"] == "optimum at a grid edge (seed 0)"
-    assert rows["llama"]["opt_perplexity_std"] == 0.0
-    assert rows["llama"]["best_tried_perplexity"] == 38.0
+    llama = rows["llama"]
+    assert llama["warning"] == "optimum at a grid edge (seed 0)"
+    assert llama["opt_lr"] == pytest.approx(0.008) and llama["opt_perplexity"] == 56.0
+    assert llama["opt_perplexity_std"] == 0.0 and llama["nearest_perplexity"] == 56.0

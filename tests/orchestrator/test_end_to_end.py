@@ -22,10 +22,12 @@ from mlflow import MlflowClient
 from orchestrator.analysis import akima_optimum
 from orchestrator.ledger import Ledger, Status
 from orchestrator.spec import parse_spec
+from orchestrator.tracking import CODE_TAG, COMMIT_TAG
 from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
 from workloads.models import flops_per_token, parameter_counts
 from workloads.models.config import CEM_BEST
 from workloads.optim import lr_factor
+from workloads.provenance import code_fingerprint, git_commit
 
 pytestmark = pytest.mark.slow
 
@@ -99,21 +101,26 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         run = by_run[row.mlflow_run_id]
         assert run.data.tags["cemlab.trial_id"] == row.trial_hash
         assert row.metric == pytest.approx(run.data.metrics["test_perplexity"])
+        assert row.val_metric == pytest.approx(run.data.metrics["val_perplexity"])
+        assert run.data.tags[COMMIT_TAG] == git_commit()  # provenance on every run
+        assert run.data.tags[CODE_TAG] == code_fingerprint()
         assert Path(row.checkpoint_path).is_dir() and row.finished_at >= row.started_at
 
     # Akima optima: on the parent run (metrics and table) and from `results`.
     parent = client.get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED"
     for variant in ("llama", "cem"):  # the optimum of the ledger's own metrics, recomputed
-        mine = sorted((r.lr, r.metric) for r in rows if r.variant == variant)
-        expected = akima_optimum([lr for lr, _ in mine], [v for _, v in mine])
+        mine = sorted((r.lr, r.val_metric, r.metric) for r in rows if r.variant == variant)
+        expected = akima_optimum([lr for lr, _, _ in mine], [v for _, v, _ in mine])
         assert parent.data.metrics[f"shakespeare/{variant}/nano/opt_lr"] == pytest.approx(
             expected.lr)
+        # Two LRs: the validation optimum is one of them; test is that trial's.
+        (chosen,) = [t for lr, _, t in mine if lr == pytest.approx(expected.lr)]
         assert parent.data.metrics[f"shakespeare/{variant}/nano/opt_perplexity"] == (
-            pytest.approx(min(v for _, v in mine)))
+            pytest.approx(chosen))
         # The grid's best trial has learned: under half the perplexity of the uniform
         # distribution over its 512 tokens (40k tokens are too few to beat the unigram floor).
-        assert min(v for _, v in mine) < 512 / 2
+        assert min(t for _, _, t in mine) < 512 / 2
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "akima_optima.json",
                                                       str(tmp_path))).read_text())
     assert len(table["data"]) == 2
@@ -122,10 +129,11 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     # Two learning rates bracket nothing: every optimum is flagged as sitting at a grid edge.
     assert results.stdout.count("optimum at a grid edge (seed 0)") == 2
 
-    # The best trial per (variant, size) is registered, and `models eval` reproduces it.
+    # The best trial per (variant, size), on validation, is registered; `models eval`
+    # reproduces its test perplexity.
     for variant in ("llama", "cem"):
         best = min((r for r in trials if r.data.tags["variant"] == variant),
-                   key=lambda r: r.data.metrics["test_perplexity"])
+                   key=lambda r: r.data.metrics["val_perplexity"])
         version = client.get_model_version_by_alias(f"cemlab-{variant}-nano", "best")
         assert version.run_id == best.info.run_id
         assert version.tags["trial_id"] == best.data.tags["cemlab.trial_id"]

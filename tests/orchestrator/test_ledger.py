@@ -74,8 +74,8 @@ def test_trials_are_recorded_once_with_status_and_timestamps(url):
     assert (seen.status, seen.mlflow_run_id) == (Status.RUNNING, "run1")
     assert type(seen.status) is Status  # read back from the database as a member
     assert seen.started_at is not None and seen.finished_at is None
-    done = again.update_trial(row.id, status=Status.FINISHED, metric=171.5)
-    assert done.finished_at >= done.started_at and done.metric == 171.5
+    done = again.update_trial(row.id, status=Status.FINISHED, metric=171.5, val_metric=170.0)
+    assert done.finished_at >= done.started_at and (done.metric, done.val_metric) == (171.5, 170.0)
     assert again.experiment("fig3a-cpu").spec_yaml == "edited\n"
     assert _query(url, "SELECT status FROM cemlab_trials") == [("FINISHED",)]  # stored as text
     with pytest.raises(ValueError, match="status must be one of PENDING, RUNNING, FINISHED"):
@@ -108,6 +108,7 @@ def test_a_ledger_made_by_create_all_is_adopted_with_its_rows(url):
     engine = sa.create_engine(url)
     Base.metadata.create_all(engine)  # how the ledger was made before its migrations
     with engine.begin() as c:
+        c.exec_driver_sql("ALTER TABLE cemlab_trials DROP COLUMN val_metric")  # (added by 0002)
         c.exec_driver_sql("INSERT INTO cemlab_experiments (name, workload, spec_yaml, "
                           "created_at, updated_at) VALUES ('old', 'gp_regression', 'x: 1', "
                           "'2025-01-02 03:04:05', '2025-01-02 03:04:05')")

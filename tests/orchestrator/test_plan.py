@@ -1,5 +1,6 @@
 """Grids, Chinchilla budgets, batch geometry, wall estimates, and every paper spec's plan."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -7,9 +8,10 @@ import yaml
 
 from orchestrator.calibrate import estimate_wall_s
 from orchestrator.cli import main
-from orchestrator.plan import batch_geometry, format_plan, plan
+from orchestrator.plan import batch_geometry, format_plan, plan, trial_id
 from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
 from workloads.language_model import token_budget
+from workloads.provenance import code_fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = sorted((ROOT / "experiments" / "paper").glob("*.yaml"))
@@ -44,6 +46,26 @@ def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
         cem = next(t for t in same_size if t.variant == "cem")
         assert cem.params["total"] < llama.params["total"]
         assert cem.budget.flops > llama.budget.flops  # T = 2 attention costs more per token
+
+
+def test_an_edited_corpus_or_changed_code_never_reuses_a_trial_id(tmp_path):
+    from tests.conftest import write_corpus
+    from workloads.data import CorpusConfig, prepare_corpus
+
+    pattern = write_corpus(tmp_path / "c", n_docs=6, words_per_doc=300)
+    spec = parse_spec({**GRID, "data": {"source": "text_files", "paths": pattern,
+                                        "vocab_size": 300}})
+    cfg = CorpusConfig(source="text_files", paths=pattern, vocab_size=300)
+    before = [t.trial_id for t in plan(spec, prepare_corpus(cfg, tmp_path / "cache"))]
+    assert before == [t.trial_id for t in plan(spec, prepare_corpus(cfg, tmp_path / "cache"))]
+    with open(tmp_path / "c" / "doc03.txt", "a") as f:
+        f.write("one more line.\n")  # same glob, same config: new content
+    after = [t.trial_id for t in plan(spec, prepare_corpus(cfg, tmp_path / "cache"))]
+    assert not set(before) & set(after)
+    t = plan(spec)[0]
+    args = (spec, t.model, t.dataset, t.lr, t.seed, t.tokens)
+    assert trial_id(*args) == trial_id(*args, code=code_fingerprint()) != trial_id(*args,
+                                                                                    code="x")
 
 
 @pytest.mark.parametrize(("batch", "micro", "workers", "expected"), [
@@ -106,6 +128,19 @@ def test_every_paper_spec_has_a_cpu_twin_with_the_same_comparison(path):
     assert cpu["variants"] == paper["variants"]
     assert cpu.get("workload") == paper.get("workload")
     assert load_spec(twin).resources.use_gpu is False
+
+
+def test_fig3b_varies_only_the_kq_diagonal_with_a_fixed_diagonal_preconditioner():
+    # Sec. 4.4: Llama MLPs, CEM attention with one step and a simple diagonal preconditioner.
+    spec = load_spec(ROOT / "experiments" / "paper" / "fig3b.yaml")
+    models = {t.variant: t.model for t in plan(spec) if t.size == spec.sizes[0]}
+    cem = {v: m for v, m in models.items() if m.attention == "cem"}
+    assert sorted(m.kq_diag for m in cem.values()) == ["none", "per_head", "shared"]
+    for m in cem.values():
+        assert (m.attn_preconditioner, m.mlp, m.attn_steps) == ("diag", "llama", 1)
+    # Nothing else differs between the three.
+    others = [dataclasses.replace(m, kq_diag="none") for m in cem.values()]
+    assert all(o == others[0] for o in others)
 
 
 def test_parameter_matched_cem_mlp_restores_the_llama_mlp_parameters():

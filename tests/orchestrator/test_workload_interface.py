@@ -29,6 +29,7 @@ class ToyConfig(StrictModel):
 
 class ToyRegression(Workload[ToyConfig, None]):
     name, section, config_type, metric, unit = "toy", "toy", ToyConfig, "test_mse", "examples"
+    selection_metric = "val_mse"
     micro_batches = False
 
     def prepare(self, config, data_dir):
@@ -57,9 +58,10 @@ class ToyRegression(Workload[ToyConfig, None]):
             lr = engine.lr()
             engine.step()
             session.log({"loss": loss.item(), "lr": lr}, step)
-        x = torch.randn(256, cfg.dim)
+        val, test = torch.randn(256, cfg.dim), torch.randn(256, cfg.dim)
         with torch.no_grad():
-            return {"test_mse": F.mse_loss(engine(x).squeeze(-1), x @ target).item()}
+            return {f"{split}_mse": F.mse_loss(engine(x).squeeze(-1), x @ target).item()
+                    for split, x in (("val", val), ("test", test))}
 
 
 @pytest.fixture

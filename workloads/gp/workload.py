@@ -73,13 +73,14 @@ class GPRegression(Workload[GPConfig, None]):
     section = "gp"
     config_type = GPConfig
     metric = "test_rmse"
+    selection_metric = "val_rmse"
     unit = "examples"
     micro_batches = False  # each worker takes its share of the batch in one pass
 
     def datasets(self, config: GPConfig) -> list[str]:
         return [f"gp-{k}" for k in config.kernels]
 
-    def identity(self, config: GPConfig) -> dict:
+    def identity(self, config: GPConfig, data: None = None) -> dict:
         return config.model_dump(exclude={"kernels"})  # the kernel is the trial's dataset
 
     def prepare(self, config: GPConfig, data_dir: str) -> Prepared[None]:
