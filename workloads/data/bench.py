@@ -143,7 +143,7 @@ def measure(dataset: Path, n_docs: int, tokenizer: Path, cache: Path) -> dict:
 
     from workloads.data.corpus import CorpusConfig, prepare_corpus
 
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
     cores = int(ray.cluster_resources()["CPU"])
     cfg = CorpusConfig(source="slimpajama", dataset=str(dataset), max_documents=n_docs,
                        tokenizer=str(tokenizer))

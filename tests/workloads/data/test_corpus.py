@@ -98,7 +98,7 @@ def test_ray_data_with_1_or_4_tasks_writes_the_bytes_written_in_process(tmp_path
     pattern = write_corpus(tmp_path / "c", n_docs=40, words_per_doc=1500)
     cfg = CorpusConfig(source="text_files", paths=pattern, vocab_size=350)
     local = prepare_corpus(cfg, tmp_path / "local", shard_tokens=4096)  # no Ray: in process
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         one = prepare_corpus(cfg, tmp_path / "one", tasks=1, shard_tokens=4096)
         four = prepare_corpus(cfg, tmp_path / "four", tasks=4, shard_tokens=4096)
