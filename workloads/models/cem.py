@@ -71,7 +71,8 @@ class CEMAttention(nn.Module):
         self.shared_precond = cfg.attn_precond_placement == "shared"
         self.precond = (None if cfg.attn_preconditioner == "identity" else Preconditioner(
             cfg.attn_preconditioner, cfg.d_model, cfg.attn_precond_rank,
-            groups=1 if self.shared_precond else cfg.n_head, psd=cfg.preconditioner_psd))
+            groups=1 if self.shared_precond else cfg.n_head, psd=cfg.preconditioner_psd,
+            init=cfg.precond_init))
 
     # -- pieces ------------------------------------------------------------------------------
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,14 +192,14 @@ class CEMAttention(nn.Module):
 
     # -- the update --------------------------------------------------------------------------
     def iterates(self, h: torch.Tensor, carry: dict | None = None) -> list[torch.Tensor]:
-        """x^(0) = h, x^(1), ..., x^(T), each (B, T, D).
+        """x^(0) = h (or norm(h), ``recursion_start``), x^(1), ..., x^(T), each (B, T, D).
 
         ``carry``: with ``momentum_scope: layer``, a dict shared by the layers of one forward
         pass; the velocity is read from and written back to it.
         """
         cfg, eta = self.cfg, self.step_size
         bias = self.score_bias(h.shape[1], h.dtype)
-        xs = [h]
+        xs = [h if cfg.recursion_start == "h" else self.norm(h)]
         if cfg.layer_reuse:  # plain reuse: the whole residual sublayer again, keys recomputed
             for _ in range(cfg.attn_steps):
                 h_norm, k = self.fixed_side(xs[-1])
@@ -208,7 +209,7 @@ class CEMAttention(nn.Module):
         uses_velocity = cfg.update in ("momentum", "nesterov")
         carried = uses_velocity and cfg.momentum_scope == "layer" and carry is not None
         velocity = carry.get(VELOCITY) if carried else None
-        x = h
+        x = xs[0]
         for _ in range(cfg.attn_steps):
             if not uses_velocity:
                 x = x + eta * self.direction(x, h_norm, k, bias)
@@ -255,7 +256,7 @@ class CEMMLP(nn.Module):
         self.step_size = _step_size(cfg.mlp_step_size, cfg.learn_step_size)
         self.precond = (None if cfg.mlp_preconditioner == "identity" else Preconditioner(
             cfg.mlp_preconditioner, cfg.d_model, cfg.mlp_precond_rank,
-            psd=cfg.preconditioner_psd))
+            psd=cfg.preconditioner_psd, init=cfg.precond_init))
 
     def down_weight(self) -> torch.Tensor:
         """(d_mlp, D): V P, so that P Vᵀ a = a @ down_weight() (P symmetric: folded into the
@@ -268,10 +269,11 @@ class CEMMLP(nn.Module):
         return (gamma * F.silu(self.up_proj(self.norm(x)))) @ self.down_weight()
 
     def iterates(self, h: torch.Tensor) -> list[torch.Tensor]:
-        """x^(0) = h, ..., x^(T), each (B, T, D)."""
-        xs, gamma = [h], None
+        """x^(0) = h (or norm(h), ``recursion_start``), ..., x^(T), each (B, T, D)."""
+        xs = [h if self.cfg.recursion_start == "h" else self.norm(h)]
+        gamma = self.gate_proj(self.norm(h))  # fixed: gamma = W norm(h), (B, T, d_mlp)
         for _ in range(self.cfg.mlp_steps):
-            if gamma is None or self.cfg.layer_reuse:  # fixed: gamma = W norm(h), (B, T, d_mlp)
+            if self.cfg.layer_reuse and len(xs) > 1:  # plain reuse: from each new state
                 gamma = self.gate_proj(self.norm(xs[-1]))
             xs.append(xs[-1] + self.step_size * self.direction(xs[-1], gamma))
         return xs

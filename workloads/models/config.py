@@ -13,12 +13,15 @@ Position = Literal["rope", "alibi"]
 KQDiag = Literal["none", "shared", "per_head"]
 PreconditionerKind = Literal["identity", "diag", "diag_lowrank"]
 PrecondPlacement = Literal["per_head", "shared"]
+PrecondInit = Literal["softplus1", "unit"]
+RecursionStart = Literal["h", "norm_h"]
 UpdateRule = Literal["gd", "momentum", "nesterov", "newton"]
 MomentumScope = Literal["step", "layer"]
 
 _CHOICES = {"attention": AttentionKind, "mlp": MlpKind, "position": Position, "kq_diag": KQDiag,
             "attn_preconditioner": PreconditionerKind, "mlp_preconditioner": PreconditionerKind,
-            "attn_precond_placement": PrecondPlacement, "update": UpdateRule,
+            "attn_precond_placement": PrecondPlacement, "precond_init": PrecondInit,
+            "recursion_start": RecursionStart, "update": UpdateRule,
             "momentum_scope": MomentumScope}
 
 
@@ -39,6 +42,9 @@ class ModelConfig:
         position: position encoding of Llama attention, ``rope`` or ``alibi`` (CEM is ALiBi).
         attn_steps, mlp_steps: T, the number of updates of a sublayer. For CEM, within-layer
             recursion (Sec. 2.3): keys/values (and gamma) fixed, only the query side re-evaluated.
+        recursion_start: where a CEM sublayer's iterate starts: ``h`` (x^(0) = h, Sec. 2.3's
+            "starting from x_i^(0) = h_i", the residual stream) or ``norm_h`` (x^(0) =
+            RMSNorm(h), Algorithm 1 read literally: "h <- RMSNorm(h); x <- h").
             For a Llama sublayer, or with ``layer_reuse``, plain reuse: the whole residual
             sublayer applied T times, keys/values recomputed from the new state (Fig. 3c, 4).
         layer_reuse: make CEM sublayers with T > 1 plain reuse instead of recursion (ablation).
@@ -55,6 +61,9 @@ class ModelConfig:
             definite P and an exact gradient make every small enough step a descent step).
         preconditioner_psd: use diag(softplus(d)) + UUᵀ instead, positive definite by
             construction (UVᵀ + VUᵀ is indefinite once V moves).
+        precond_init: ``softplus1`` (App. C.4: d = 1, so P = softplus(1) I = 1.31 I at
+            initialisation, a 31% longer first step than without P) or ``unit`` (d =
+            softplus^-1(1): P = I at initialisation).
         energy_exact: include the D_k h~_j term in the value path, so the step is the exact
             gradient of Eq. 1 with a diagonal (Algorithm 1 drops it).
         update: CEM attention update rule (intrinsic-optimizers paper): ``gd``, ``momentum``,
@@ -91,6 +100,8 @@ class ModelConfig:
     mlp_preconditioner: PreconditionerKind = "identity"
     attn_precond_rank: int = 4
     attn_precond_placement: PrecondPlacement = "per_head"
+    precond_init: PrecondInit = "softplus1"
+    recursion_start: RecursionStart = "h"
     mlp_precond_rank: int = 16
     preconditioner_psd: bool = False
     energy_exact: bool = False

@@ -14,18 +14,21 @@ class Preconditioner(nn.Module):
 
     kind ``diag``: P = diag(softplus(d)); ``diag_lowrank``: P = diag(softplus(d)) + UVᵀ + VUᵀ,
     or with ``psd`` P = diag(softplus(d)) + UUᵀ (positive definite by construction). U, V are
-    D x ``rank``. Initialisation (App. C.4): d = sqrt(D) p with p = 1/sqrt(D) (so d = 1),
+    D x ``rank``. Initialisation (App. C.4): d = sqrt(D) p with p = 1/sqrt(D) (so d = 1, and
+    P = softplus(1) I = 1.31 I), or with ``init="unit"`` d = softplus^-1(1) (P = I);
     U ~ N(0, 0.02^2), V = 0.
 
     Parameters ``p`` (groups, D), ``lowrank_u``/``lowrank_v`` (groups, D, rank).
     """
 
-    def __init__(self, kind: str, dim: int, rank: int, groups: int = 1, psd: bool = False) -> None:
+    def __init__(self, kind: str, dim: int, rank: int, groups: int = 1, psd: bool = False,
+                 init: str = "softplus1") -> None:
         super().__init__()
         if kind not in ("diag", "diag_lowrank"):
             raise ValueError(f"unknown preconditioner kind {kind!r}")
         self.kind, self.dim, self.psd = kind, dim, psd
-        self.p = nn.Parameter(torch.full((groups, dim), 1 / math.sqrt(dim)))
+        d0 = {"softplus1": 1.0, "unit": math.log(math.e - 1)}[init]  # softplus(d0) = 1.31 or 1
+        self.p = nn.Parameter(torch.full((groups, dim), d0 / math.sqrt(dim)))
         if kind == "diag_lowrank":
             self.lowrank_u = nn.Parameter(torch.randn(groups, dim, rank) * 0.02)
             if not psd:

@@ -331,3 +331,26 @@ def test_learnable_step_size_is_trained():
     assert isinstance(layer.step_size, torch.nn.Parameter)
     layer(torch.randn(1, 3, layer.cfg.d_model, dtype=torch.float64)).sum().backward()
     assert layer.step_size.grad is not None and layer.step_size.grad.abs().item() > 0
+
+
+@pytest.mark.parametrize("cls", [CEMAttention, CEMMLP])
+def test_the_recursion_can_start_at_the_normalised_input(cls):
+    # Algorithm 1 read literally: h <- RMSNorm(h); x <- h; keys (gamma) from the same RMSNorm(h).
+    kind = {"attention": "cem"} if cls is CEMAttention else {"mlp": "cem"}
+    steps = {"attn_steps": 2} if cls is CEMAttention else {"mlp_steps": 2}
+    layer = make(cls, seed=8, positive_norm=True, recursion_start="norm_h", **kind, **steps)
+    h = 3.0 * torch.randn(2, 5, layer.cfg.d_model, dtype=torch.float64)
+    xs = layer.iterates(h)
+    torch.testing.assert_close(xs[0], layer.norm(h))
+    for t in range(2):  # still descent on the energy given h
+        torch.testing.assert_close(xs[t + 1], descent_step(layer, xs[t], h, 1.0),
+                                   rtol=1e-6, atol=1e-9)
+    start_at_h = make(cls, seed=8, positive_norm=True, **kind, **steps)
+    assert not torch.allclose(start_at_h(h), layer(h))
+
+
+def test_a_unit_preconditioner_init_is_the_identity():
+    unit = Preconditioner("diag_lowrank", dim=8, rank=2, groups=2, init="unit").double()
+    torch.testing.assert_close(unit.diagonal(), torch.ones(2, 8, dtype=torch.float64))
+    paper = Preconditioner("diag", dim=8, rank=2)
+    assert math.isclose(paper.diagonal()[0, 0].item(), math.log1p(math.e), rel_tol=1e-6)
