@@ -111,13 +111,19 @@ def spec_trial(args: argparse.Namespace, data_dir: str) -> Job:
     except SpecError as e:
         sys.exit(f"error: {e}")
     workload = get_workload(spec.workload)
-    trials = plan(spec)  # first without data: a wrong --trial fails before any download
-    chosen = [t for i, t in enumerate(trials) if args.trial in (str(i), t.trial_id)]
-    if not chosen:
-        sys.exit(f"error: --trial {args.trial!r}: not a row (0..{len(trials) - 1}) or trial id "
-                 f"of {args.spec}")
+    trials = plan(spec)  # first without data: a wrong row fails before any download
+    wrong = (f"error: --trial {args.trial!r}: not a row (0..{len(trials) - 1}) or trial id "
+             f"of {args.spec}")
+    if args.trial.isdigit() and int(args.trial) >= len(trials):
+        sys.exit(wrong)
     prepared = workload.prepare(spec.workload_config, data_dir)
-    return Job(plan(spec, prepared.data)[trials.index(chosen[0])], prepared.data)
+    planned = plan(spec, prepared.data)  # ids as `run` has them (they cover the corpus)
+    index = int(args.trial) if args.trial.isdigit() else next(
+        (i for i, t in enumerate(planned) if args.trial in (t.trial_id, trials[i].trial_id)),
+        None)
+    if index is None:
+        sys.exit(wrong)
+    return Job(planned[index], prepared.data)
 
 
 def with_steps(job: Job, steps: int) -> Job:

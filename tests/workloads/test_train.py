@@ -46,3 +46,30 @@ def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path):
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines() == [
         f"error: --trial '7': not a row (0..1) or trial id of {path}"]
+
+
+def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_path):
+    """``run`` ids cover the prepared corpus's content, ``plan``'s (no data yet) do not: both
+    pick the same trial."""
+    from orchestrator.plan import plan
+    from orchestrator.spec import load_spec
+    from workloads.registry import get_workload
+
+    spec = {"name": "lm-one", "data": {"source": "text_files", "paths": corpus_glob,
+                                       "vocab_size": 512},
+            "sizes": ["nano"], "variants": {"llama": {}, "cem": {"attention": "cem"}},
+            "learning_rates": [0.004],
+            "training": {"tokens": 4096, "batch_size": 8, "eval_interval": 4,
+                         "eval_sequences": 8}}
+    path = tmp_path / "lm.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(path)
+    prepared = get_workload("language_model").prepare(loaded.workload_config,
+                                                      str(tmp_path / "data"))
+    run_id, plan_id = (next(t.trial_id for t in trials if t.variant == "cem")
+                       for trials in (plan(loaded, prepared.data), plan(loaded)))
+    assert run_id != plan_id  # the corpus content is part of a run's identity
+    for trial in (run_id, plan_id):
+        proc = train("--spec", str(path), "--trial", trial, home=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "cem@nano lr=0.004 seed=0" in proc.stdout
