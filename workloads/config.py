@@ -47,7 +47,8 @@ class TrainingConfig(StrictModel):
     eval_sequences: int = Field(128, gt=0, description="validation sequences per evaluation")
     log_interval: int = Field(10, gt=0)
     energy_diagnostics: bool = Field(
-        False, description="log per-layer per-step energies and preconditioner eigenvalues")
+        False, description="log per-layer per-step energies, descent, update norms, attention "
+        "entropies and preconditioner eigenvalues")
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = "auto"
 

@@ -3,18 +3,21 @@
     python -m workloads.train --preset nano --steps 50            # a language model, Shakespeare
     python -m workloads.train --spec SPEC.yaml --trial 3          # trial 3 of a spec's plan
     python -m workloads.train --spec SPEC.yaml --trial 3f2a9c1b   # ... or by its trial id
+    python -m workloads.train --spec SPEC.yaml --trial 3 --metrics-json m.json  # every metric
 
 ``run_in_ray`` is what every Ray Train worker runs; ``run_in_process`` runs the same train loop
 (the workload's own ``Workload.train``) in a ``LocalSession``: a plain PyTorch engine on this
 machine's GPU or CPU. The command prints the loss as it trains, then the validation and test
 metrics. ``--spec`` plans the spec exactly as ``python -m orchestrator plan`` does (``#`` is the
-plan's row, from 0).
+plan's row, from 0). ``--metrics-json`` also writes every logged metric (``{"trial", "final",
+"history": {name: {step: value}}}``) to a JSON file, written whole or not at all.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -22,6 +25,7 @@ import sys
 import torch
 from tabulate import tabulate
 
+from workloads.atomic import atomic_path
 from workloads.base import Job, Trial
 from workloads.config import ResourcesConfig, TrainingConfig
 from workloads.data import CorpusConfig
@@ -67,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus", default=None,
                         help="a glob of text files (default: the embedded Shakespeare)")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="fp32")
+    parser.add_argument("--metrics-json", metavar="PATH",
+                        help="also write every logged metric (and the final ones) to PATH")
     return parser
 
 
@@ -148,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{t.label} ({t.workload}, {t.dataset}): {t.steps} steps, {t.tokens:,} "
           f"{get_workload(t.workload).unit}, {t.params['total']:,} parameters, in-process",
           flush=True)
-    final, _ = run_in_process(job)
+    final, session = run_in_process(job)
+    if args.metrics_json:
+        with atomic_path(args.metrics_json) as tmp:
+            tmp.write_text(json.dumps({"trial": {"id": t.trial_id, "label": t.label},
+                                       "final": final, "history": session.history}))
     print(tabulate([[k, f"{v:,.4f}" if isinstance(v, float) else f"{v:,}"]
                     for k, v in final.items()], headers=["metric", "value"],
                    colalign=("left", "right"), disable_numparse=True))

@@ -1,10 +1,13 @@
 """``python -m workloads.train``: one trial in-process, from a preset or from a spec's plan."""
 
+import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +22,9 @@ def train(*args: str, home: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, tmp_path):
-    proc = train("--preset", "nano", "--steps", "20", "--corpus", corpus_glob, home=tmp_path)
+    metrics = tmp_path / "out" / "metrics.json"
+    proc = train("--preset", "nano", "--steps", "20", "--corpus", corpus_glob,
+                 "--metrics-json", str(metrics), home=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     steps = [line for line in out.splitlines() if line.startswith("[train] step ")]
@@ -29,6 +34,11 @@ def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, 
     assert "test_perplexity" in proc.stdout and "in-process" in proc.stdout
     assert "torch, fp32" in out  # the plain engine: no DeepSpeed, no Ray, no MLflow server
     assert not (tmp_path / "mlflow.db").exists() and (tmp_path / "data").is_dir()
+    written = json.loads(metrics.read_text())
+    assert sorted(map(int, written["history"]["loss"])) == list(range(1, 21))
+    assert math.isclose(written["history"]["loss"]["10"], losses[0], abs_tol=5e-5)
+    assert written["final"]["test_perplexity"] == pytest.approx(
+        math.exp(written["final"]["test_loss"]), rel=1e-6)
 
 
 def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path):

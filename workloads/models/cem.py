@@ -2,8 +2,8 @@
 
 Each sublayer takes the residual stream ``h`` (B, T, D) and returns the last iterate ``x^(T)``;
 the residual is absorbed into the update. Each owns one RMSNorm ``norm``, applied to ``h`` for
-the fixed side (keys/values, gamma) and to every iterate for the query side (paper Algorithm 1,
-as reconstructed in docs/DESIGN.md).
+the fixed side (keys/values, gamma; ``fixed_input: h`` skips it there) and to every iterate for
+the query side (paper Algorithm 1, as reconstructed in docs/DESIGN.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ from workloads.models.position import alibi_bias, alibi_slopes
 from workloads.models.precond import Preconditioner
 
 VELOCITY = "attn_velocity"  # key of the attention velocity in a layer-scope momentum carry
+
+
+def _fixed_input(sub: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The fixed side's input h~ (B, T, D): ``sub.norm(h)``, or ``h`` itself with
+    ``fixed_input: h``."""
+    return sub.norm(h) if sub.cfg.fixed_input == "norm_h" else h
 
 
 def _step_size(value: float, learnable: bool) -> torch.Tensor | float:
@@ -93,9 +99,17 @@ class CEMAttention(nn.Module):
         return alibi_bias(self.alibi_slopes, seq_len, self.self_bias, self.cross_bias).to(dtype)
 
     def fixed_side(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``h~ = norm(h)`` (B, T, D) and the keys ``k`` (B, K, T, Dh), computed once."""
-        h_norm = self.norm(h)
+        """``h~ = norm(h)`` (or ``h``, ``fixed_input``) (B, T, D) and the keys ``k``
+        (B, K, T, Dh), computed once."""
+        h_norm = _fixed_input(self, h)
         return h_norm, self._heads(self.k_proj(h_norm))
+
+    def attention_probs(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """p_ijk at iterate ``x`` given the block input ``h`` (both (B, T, D)): the softmax over
+        j <= i of s_ijk, shape (B, K, T, T) (zero above the diagonal)."""
+        h_norm, k = self.fixed_side(h)
+        bias = self.score_bias(h.shape[1], h.dtype)
+        return self._attend(self.norm(x), h_norm, k, bias, need_probs=True)[1]
 
     def _attend(self, u: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor, bias: torch.Tensor,
                 need_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -227,8 +241,9 @@ class CEMAttention(nn.Module):
         return self.iterates(h, carry)[-1]
 
     def energy(self, x: torch.Tensor, h: torch.Tensor, per_head: bool = False) -> torch.Tensor:
-        """eps(norm(x) | norm(h)) of every token (B, T) (per head: (B, T, K)), Eq. 1 + App. A."""
-        return interaction_energy(self.norm(x), self.norm(h), self._w(self.q_proj),
+        """eps(norm(x) | h~) of every token (B, T) (per head: (B, T, K)), Eq. 1 + App. A;
+        h~ = norm(h) (or h, ``fixed_input``)."""
+        return interaction_energy(self.norm(x), _fixed_input(self, h), self._w(self.q_proj),
                                   self._w(self.k_proj), self._diag(),
                                   self.score_bias(h.shape[1], h.dtype), per_head=per_head)
 
@@ -271,10 +286,10 @@ class CEMMLP(nn.Module):
     def iterates(self, h: torch.Tensor) -> list[torch.Tensor]:
         """x^(0) = h (or norm(h), ``recursion_start``), ..., x^(T), each (B, T, D)."""
         xs = [h if self.cfg.recursion_start == "h" else self.norm(h)]
-        gamma = self.gate_proj(self.norm(h))  # fixed: gamma = W norm(h), (B, T, d_mlp)
+        gamma = self.gate_proj(_fixed_input(self, h))  # fixed: gamma = W h~, (B, T, d_mlp)
         for _ in range(self.cfg.mlp_steps):
             if self.cfg.layer_reuse and len(xs) > 1:  # plain reuse: from each new state
-                gamma = self.gate_proj(self.norm(xs[-1]))
+                gamma = self.gate_proj(_fixed_input(self, xs[-1]))
             xs.append(xs[-1] + self.step_size * self.direction(xs[-1], gamma))
         return xs
 
@@ -282,5 +297,7 @@ class CEMMLP(nn.Module):
         return self.iterates(h)[-1]
 
     def energy(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """xi(norm(x) | norm(h)) of every token, (B, T) (Eq. 7)."""
-        return elementwise_energy(self.norm(x), self.gate_proj(self.norm(h)), self.up_proj.weight)
+        """xi(norm(x) | h~) of every token, (B, T) (Eq. 7); h~ = norm(h) (or h,
+        ``fixed_input``)."""
+        return elementwise_energy(self.norm(x), self.gate_proj(_fixed_input(self, h)),
+                                  self.up_proj.weight)

@@ -15,13 +15,14 @@ PreconditionerKind = Literal["identity", "diag", "diag_lowrank"]
 PrecondPlacement = Literal["per_head", "shared"]
 PrecondInit = Literal["softplus1", "unit"]
 RecursionStart = Literal["h", "norm_h"]
+FixedInput = Literal["norm_h", "h"]
 UpdateRule = Literal["gd", "momentum", "nesterov", "newton"]
 MomentumScope = Literal["step", "layer"]
 
 _CHOICES = {"attention": AttentionKind, "mlp": MlpKind, "position": Position, "kq_diag": KQDiag,
             "attn_preconditioner": PreconditionerKind, "mlp_preconditioner": PreconditionerKind,
             "attn_precond_placement": PrecondPlacement, "precond_init": PrecondInit,
-            "recursion_start": RecursionStart, "update": UpdateRule,
+            "recursion_start": RecursionStart, "fixed_input": FixedInput, "update": UpdateRule,
             "momentum_scope": MomentumScope}
 
 
@@ -47,6 +48,10 @@ class ModelConfig:
             RMSNorm(h), Algorithm 1 read literally: "h <- RMSNorm(h); x <- h").
             For a Llama sublayer, or with ``layer_reuse``, plain reuse: the whole residual
             sublayer applied T times, keys/values recomputed from the new state (Fig. 3c, 4).
+        fixed_input: what a CEM sublayer's fixed side (the attention keys = values, the MLP's
+            gamma) is computed from: ``norm_h`` (RMSNorm(h), Algorithm 1's "h <- RMSNorm(h)"
+            before the keys) or ``h`` (the residual stream itself, the energy read as given
+            "the context h_{1:i}", Eq. 1, without a norm).
         layer_reuse: make CEM sublayers with T > 1 plain reuse instead of recursion (ablation).
         attn_step_size, mlp_step_size: eta of the CEM updates (1.0 recovers Eq. 3 and 9);
             ``learn_step_size`` makes them learnable scalars initialised there.
@@ -102,6 +107,7 @@ class ModelConfig:
     attn_precond_placement: PrecondPlacement = "per_head"
     precond_init: PrecondInit = "softplus1"
     recursion_start: RecursionStart = "h"
+    fixed_input: FixedInput = "norm_h"
     mlp_precond_rank: int = 16
     preconditioner_psd: bool = False
     energy_exact: bool = False

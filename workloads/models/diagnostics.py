@@ -1,5 +1,5 @@
-"""Energy diagnostics: does each CEM step descend its energy (to first order, and in fact), and
-is each P positive definite?"""
+"""Energy diagnostics: does each CEM step descend its energy (to first order, and in fact), how
+large is it, how spread is the attention it takes, and is each P positive definite?"""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
     ``descent/{attn,mlp}/layer{l}/step{t}`` (mean over tokens of <grad_x eps(x^(t-1)),
     x^(t) - x^(t-1)>: negative when the step points downhill) and
     ``energy_fell/{attn,mlp}/layer{l}/step{t}`` (the fraction of tokens whose energy at x^(t)
-    is below that at x^(t-1)); and ``precond_min_eig/{attn,mlp}/layer{l}[/head{k}]``
+    is below that at x^(t-1)), ``update_norm/{attn,mlp}/layer{l}/step{t}`` (mean over tokens of
+    ||x^(t) - x^(t-1)|| / ||x^(t-1)||, dimensionless) and, for CEM attention,
+    ``attn_entropy/attn/layer{l}/step{t}`` (the entropy of p_ijk over j at iterate x^(t-1), in
+    nats, mean over tokens and heads: log(i) for uniform attention, 0 for attention on one
+    token); and ``precond_min_eig/{attn,mlp}/layer{l}[/head{k}]``
     (smallest eigenvalue of each preconditioner: P > 0 iff positive). Llama sublayers have
     none of these and are just applied.
     """
@@ -50,6 +54,14 @@ def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
                         sub, xs[t - 1], x - xs[t - 1], h).mean().item()
                     out[f"energy_fell/{name}/{key}"] = (
                         (energies[t] < energies[t - 1]).float().mean().item())
+                    prev = xs[t - 1].float()
+                    out[f"update_norm/{name}/{key}"] = (
+                        (x.float() - prev).norm(dim=-1) / prev.norm(dim=-1)).mean().item()
+                    if isinstance(sub, CEMAttention):  # plain reuse: keys from x^(t-1)
+                        p = sub.attention_probs(xs[t - 1], xs[t - 1] if sub.cfg.layer_reuse
+                                                else h).float()
+                        out[f"attn_entropy/{name}/{key}"] = (
+                            -torch.special.xlogy(p, p).sum(-1).mean().item())
             if sub.precond is not None:
                 eigs = sub.precond.min_eigenvalue().tolist()
                 if len(eigs) == 1:

@@ -44,7 +44,7 @@ def make(cls, seed: int, positive_norm: bool = False, **overrides):
 def descent_step(layer, x, h, eta, precond=None):
     """x + eta sum_k P_k (-grad_u eps_k(u)), u = norm(x), by autograd on ``layer.energy``."""
     u = layer.norm(x).detach().requires_grad_(True)
-    h_norm = layer.norm(h)
+    h_norm = h if layer.cfg.fixed_input == "h" else layer.norm(h)  # the fixed side's input
     if isinstance(layer, CEMAttention):
         energies = interaction_energy(u, h_norm, layer._w(layer.q_proj), layer._w(layer.k_proj),
                                       layer._diag(), layer.score_bias(h.shape[1], h.dtype),
@@ -347,6 +347,21 @@ def test_the_recursion_can_start_at_the_normalised_input(cls):
                                    rtol=1e-6, atol=1e-9)
     start_at_h = make(cls, seed=8, positive_norm=True, **kind, **steps)
     assert not torch.allclose(start_at_h(h), layer(h))
+
+
+@pytest.mark.parametrize("cls", [CEMAttention, CEMMLP])
+def test_the_fixed_side_can_take_the_residual_stream_unnormalised(cls):
+    # Keys (= values) and gamma from h itself: still descent on the energy given h.
+    kind = ({"attention": "cem", "attn_steps": 2, "kq_diag": "shared", "energy_exact": True}
+            if cls is CEMAttention else {"mlp": "cem", "mlp_steps": 2})
+    layer = make(cls, seed=9, positive_norm=True, fixed_input="h", **kind)
+    h = 3.0 * torch.randn(2, 5, layer.cfg.d_model, dtype=torch.float64)
+    xs = layer.iterates(h)
+    for t in range(2):
+        torch.testing.assert_close(xs[t + 1], descent_step(layer, xs[t], h, 1.0),
+                                   rtol=1e-6, atol=1e-9)
+    normalised = make(cls, seed=9, positive_norm=True, **kind)
+    assert not torch.allclose(normalised(h), layer(h))
 
 
 def test_a_unit_preconditioner_init_is_the_identity():

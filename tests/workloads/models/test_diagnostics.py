@@ -24,8 +24,9 @@ def test_diagnostics_cover_every_layer_step_and_preconditioner():
                                 math.log1p(math.e), rel_tol=1e-5)
         assert math.isclose(out[f"precond_min_eig/mlp/layer{layer}"], math.log1p(math.e),
                             rel_tol=1e-5)
-    # Per layer: 2 sublayers x 3 energies, 2 x 2 steps x (descent, energy_fell), the spectra.
-    assert len(out) == cfg.n_layer * (2 * 3 + 2 * 2 * 2 + cfg.n_head + 1)
+    # Per layer: 2 sublayers x 3 energies, 2 x 2 steps x (descent, energy_fell, update_norm),
+    # 2 attention entropies, the spectra.
+    assert len(out) == cfg.n_layer * (2 * 3 + 2 * 2 * 3 + 2 + cfg.n_head + 1)
 
 
 def test_diagnostics_energies_are_those_of_the_sublayers():
@@ -68,3 +69,40 @@ def test_descent_and_the_fraction_of_tokens_whose_energy_fell():
         fell = (attn.energy(xs[t], h) < attn.energy(xs[t - 1], h)).double().mean().item()
         assert out[f"energy_fell/attn/layer0/step{t}"] == fell > 0.9
     assert not ModelConfig.from_preset("nano", **CEM_BEST).exact_gradient  # diagonal, Alg. 1
+
+
+def test_uniform_attention_has_the_entropy_of_a_uniform_distribution_over_the_past():
+    # No query (W^Q = 0), no ALiBi slopes, no biases: p_ij = 1 / i over j <= i (1-based), so
+    # the mean entropy over tokens is mean_i log(i), whatever the keys.
+    torch.manual_seed(3)
+    cfg = ModelConfig.from_preset("nano", attention="cem", mlp="cem", attn_steps=2)
+    model = build_model(cfg).double()
+    for block in model.blocks:
+        torch.nn.init.zeros_(block.attn.q_proj.weight)
+        block.attn.alibi_slopes.zero_()
+    seq = 10
+    out = energy_diagnostics(model, torch.randint(0, cfg.vocab_size, (2, seq)))
+    expected = sum(math.log(i) for i in range(1, seq + 1)) / seq
+    for layer in range(cfg.n_layer):
+        for t in (1, 2):
+            assert math.isclose(out[f"attn_entropy/attn/layer{layer}/step{t}"], expected,
+                                rel_tol=1e-6)
+        # W^Q = 0 also makes the attention step (its output map is W^Qᵀ) zero.
+        assert out[f"update_norm/attn/layer{layer}/step1"] == 0.0
+
+
+def test_the_update_norm_is_the_relative_size_of_each_step():
+    torch.manual_seed(4)
+    cfg = ModelConfig.from_preset("nano", attention="cem", mlp="cem", mlp_steps=2,
+                                  mlp_step_size=0.3)
+    model = build_model(cfg).double()
+    idx = torch.randint(0, cfg.vocab_size, (2, 12))
+    out = energy_diagnostics(model, idx)
+    h = model.blocks[0].attn(model.embed_tokens(idx))  # the MLP's input in layer 0
+    mlp = model.blocks[0].mlp
+    gamma = mlp.gate_proj(mlp.norm(h))
+    step = 0.3 * (gamma * torch.nn.functional.silu(mlp.norm(h) @ mlp.up_proj.weight.T)
+                  ) @ mlp.up_proj.weight
+    expected = (step.norm(dim=-1) / h.norm(dim=-1)).mean().item()
+    assert math.isclose(out["update_norm/mlp/layer0/step1"], expected, rel_tol=1e-6)
+    assert "attn_entropy/mlp/layer0/step1" not in out
