@@ -80,9 +80,10 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
     ``gp.*``), ``training.*``, ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
     steps and batch geometry. Tags: the trial's coordinates, ``cemlab.exact_gradient``
     (``false`` when its CEM attention steps are not the exact energy gradient,
-    ``ModelConfig.exact_gradient``) and ``provenance_tags`` (commit, code fingerprint). Metrics at step 0: ``params_<role>`` for every role of
-    ``Trial.params``, ``flops_per_token`` (per example for GP; training, analytic), plus
-    ``extra_metrics``. Returns the run id.
+    ``ModelConfig.exact_gradient``) and ``provenance_tags`` (commit, code fingerprint).
+    Metrics at step 0: ``params_<role>`` for every role of ``Trial.params``,
+    ``flops_per_token`` (per example for GP; training, analytic), plus ``extra_metrics``.
+    Returns the run id.
     """
     tags = {TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial", PARENT_TAG: parent_run_id,
             "variant": trial.variant, "size": trial.size, "dataset": trial.dataset,
