@@ -14,7 +14,7 @@ DASHBOARD_PORT ?= 8501
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
-.PHONY: help setup up demo test test-fast cluster-test dashboard down lint clean
+.PHONY: help setup up demo test test-fast cluster-test reproduce-cpu dashboard down lint clean
 
 help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
@@ -22,6 +22,7 @@ help:
 	@echo "make test       run the whole test suite (what CI runs)"
 	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes"
 	@echo "make cluster-test  rehearse a 2-host cluster on this machine (root: network namespaces)"
+	@echo "make reproduce-cpu  run the paper's claims at CPU scale, write docs/results/REPORT.md"
 	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
 	@echo "make down       stop the local services started by make up/demo/dashboard"
 
@@ -60,6 +61,11 @@ cluster-test: setup
 	@reason=$$($(BIN)/python -c 'from infra.rehearsal.two_hosts import missing_requirement as m; print(m() or "")'); \
 	  if [ -n "$$reason" ]; then echo "error: $$reason" >&2; exit 1; fi
 	$(BIN)/python -m pytest -s -p no:cacheprovider tests/infra/test_two_hosts.py
+
+# Trains what the ledger lacks of the claims' -cpu specs (in this process, a local Ray), then
+# writes docs/results/REPORT.md and one figure per claim.
+reproduce-cpu: up
+	@source $(SERVICES) && python -m orchestrator report experiments/paper/
 
 dashboard: up
 	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \

@@ -98,10 +98,41 @@ class Point:
     test: float
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One seed's learning rate chosen on validation and the test metric there."""
+
+    lr: float  # the Akima optimum of validation over log2(LR)
+    val: float  # validation at that LR (the interpolant's minimum)
+    test: float  # test: its own Akima interpolant at that LR
+    nearest: float  # test of the trained LR nearest the chosen one (in log2)
+    at_edge: bool
+    n_points: int
+
+
+def seed_choices(points: list[Point]) -> dict[tuple[str, str, str], dict[int, Choice]]:
+    """Per (dataset, variant, size) and seed: the learning rate chosen on validation (the Akima
+    optimum of ``val`` over that seed's learning rates) and the test metric at the choice.
+    Test never chooses anything."""
+    groups: dict[tuple, dict[int, list[Point]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        groups[(p.dataset, p.variant, p.size)][p.seed].append(p)
+    out: dict[tuple[str, str, str], dict[int, Choice]] = {}
+    for key, by_seed in groups.items():
+        out[key] = {}
+        for seed, ps in sorted(by_seed.items()):
+            lrs = [p.lr for p in ps]
+            opt = akima_optimum(lrs, [p.val for p in ps])
+            out[key][seed] = Choice(
+                opt.lr, opt.value, akima_value(lrs, [p.test for p in ps], opt.lr),
+                min(ps, key=lambda p: abs(math.log2(p.lr / opt.lr))).test, opt.at_edge,
+                opt.n_points)
+    return out
+
+
 def optima_table(points: list[Point], metric: str) -> list[dict]:
-    """Per (dataset, variant, size): each seed's learning rate chosen on validation (the Akima
-    optimum of ``val``), the test metric at that choice, then mean ± std over seeds (sample std;
-    0 for one seed).
+    """Per (dataset, variant, size): each seed's ``Choice`` (``seed_choices``), then mean ± std
+    over seeds (sample std; 0 for one seed).
 
     Rows carry ``dataset, variant, size, seeds, lrs`` (points per seed), ``opt_lr`` and
     ``opt_lr_std`` (the chosen LR), ``opt_val_<metric>`` and ``_std`` (validation at the
@@ -109,28 +140,20 @@ def optima_table(points: list[Point], metric: str) -> list[dict]:
     ``nearest_<metric>`` (test of the trained LR nearest the chosen one, in log2) and
     ``warning`` (seeds whose optimum sits at a grid edge). Test never chooses anything.
     """
-    groups: dict[tuple, dict[int, list[Point]]] = defaultdict(lambda: defaultdict(list))
-    for p in points:
-        groups[(p.dataset, p.variant, p.size)][p.seed].append(p)
     rows = []
-    for (dataset, variant, size), by_seed in groups.items():
-        chosen, tests, nearest = {}, [], []
-        for seed, ps in sorted(by_seed.items()):
-            lrs = [p.lr for p in ps]
-            chosen[seed] = opt = akima_optimum(lrs, [p.val for p in ps])
-            tests.append(akima_value(lrs, [p.test for p in ps], opt.lr))
-            nearest.append(min(ps, key=lambda p: abs(math.log2(p.lr / opt.lr))).test)
-        lr_opts = [o.lr for o in chosen.values()]
-        val_opts = [o.value for o in chosen.values()]
-        edge = [str(s) for s, o in chosen.items() if o.at_edge]
+    for (dataset, variant, size), chosen in seed_choices(points).items():
+        lr_opts = [c.lr for c in chosen.values()]
+        val_opts = [c.val for c in chosen.values()]
+        tests = [c.test for c in chosen.values()]
+        edge = [str(s) for s, c in chosen.items() if c.at_edge]
         rows.append({
             "dataset": dataset, "variant": variant, "size": size, "seeds": len(chosen),
-            "lrs": max(o.n_points for o in chosen.values()),
+            "lrs": max(c.n_points for c in chosen.values()),
             "opt_lr": statistics.fmean(lr_opts), "opt_lr_std": _std(lr_opts),
             f"opt_val_{metric}": statistics.fmean(val_opts),
             f"opt_val_{metric}_std": _std(val_opts),
             f"opt_{metric}": statistics.fmean(tests), f"opt_{metric}_std": _std(tests),
-            f"nearest_{metric}": statistics.fmean(nearest),
+            f"nearest_{metric}": statistics.fmean(c.nearest for c in chosen.values()),
             "warning": f"optimum at a grid edge (seed {', '.join(edge)})" if edge else ""})
     return rows
 

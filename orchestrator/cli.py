@@ -1,4 +1,4 @@
-"""``python -m orchestrator {plan,run,status,results,models} ...``."""
+"""``python -m orchestrator {plan,run,status,results,report,models} ...``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
     p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
     p.add_argument("spec", help="path of the experiment YAML")
+    p = sub.add_parser("report", help="the paper's claims: run what is missing, then write "
+                       "REPORT.md with verdicts and figures")
+    p.add_argument("directory", help="the paper specs, e.g. experiments/paper/")
+    p.add_argument("--scale", choices=["cpu", "paper"], default="cpu",
+                   help="cpu: the -cpu twins (default); paper: the paper-scale specs")
+    p.add_argument("--out", default="docs/results", help="where REPORT.md and figures go")
+    p.add_argument("--no-run", action="store_true",
+                   help="report what the ledger has; train nothing")
     p = sub.add_parser("models", help="the model registry: list | show REF | eval REF")
     p.add_argument("action", choices=["list", "show", "eval"])
     p.add_argument("ref", nargs="?", help="NAME[@ALIAS] or NAME/VERSION (default alias: best)")
@@ -42,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return _models(args.action, args.ref)
     if args.command == "status" and args.spec is None:
         return _status_all()
+    if args.command == "report":
+        return _report(args)
     try:
         spec = load_spec(args.spec)
     except SpecError as e:
@@ -81,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no finished trial of '{spec.name}' yet (python -m orchestrator status "
               f"{args.spec})", file=sys.stderr)
         return 1
-    print(f"Akima optima over log2(LR) of test {short_metric(spec)}, experiment '{spec.name}'")
+    print(f"Akima optima over log2(LR): the LR chosen on validation {short_metric(spec)}, "
+          f"test reported there, experiment '{spec.name}'")
     print(format_optima(table, short_metric(spec)))
     return 0
 
@@ -100,6 +111,49 @@ def _status_all() -> int:
                      **{s.lower(): n for s, n in status_counts(trials).items()},
                      "updated": e.updated_at.strftime("%Y-%m-%d %H:%M:%S")})
     print(format_table(rows) if rows else "no experiments in the ledger yet")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from orchestrator import report
+    from orchestrator.ledger import Ledger
+    from orchestrator.settings import Settings
+
+    directory = Path(args.directory)
+    try:
+        paths = sorted({p for _, p in report.claims_of(directory, args.scale)})
+        specs = {p: load_spec(p) for p in paths}
+    except (FileNotFoundError, SpecError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ledger = Ledger(Settings().ledger_url)
+    missing = {p: report.missing_trials(spec, ledger) for p, spec in specs.items()}
+    todo = [p for p, trials in missing.items() if trials]
+    print(f"claims report: {len(report.CLAIMS)} claims over {len(specs)} specs; "
+          f"{sum(map(len, missing.values()))} trial(s) missing in {len(todo)} spec(s)",
+          flush=True)
+    if todo and not args.no_run:
+        from orchestrator.calibrate import estimate_wall_s
+        from orchestrator.plan import concurrency
+        from orchestrator.run import run_experiment
+
+        wall = sum(sum(estimate_wall_s(missing[p]).values()) / concurrency(specs[p])
+                   for p in todo)
+        print(f"running them now: about {wall / 3600:.1f} h on this machine "
+              f"(calibrated, {', '.join(p.stem for p in todo)})", flush=True)
+        from workloads.reach import ServiceError
+
+        for path in todo:
+            try:
+                run_experiment(specs[path], path.read_text())
+            except ServiceError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+    results = [report.evaluate(c, specs[p], ledger)
+               for c, p in report.claims_of(directory, args.scale)]
+    print(report.verdict_table(results))
+    path = report.write_report(results, Path(args.out), args.scale, args.directory)
+    print(f"wrote {path} and {sum(bool(r.effects) for r in results)} figure(s)")
     return 0
 
 
