@@ -160,6 +160,11 @@ class ExperimentSpec(StrictModel):
             raise _FieldError(("training", "batch_size"),
                               f"{self.training.batch_size} is not a multiple of "
                               f"resources.num_workers = {self.resources.num_workers}")
+        scales = self.training.budget_scale
+        if isinstance(scales, dict) and set(scales) != set(self.sizes):
+            raise _FieldError(("training", "budget_scale"),
+                              f"needs one scale per size {sorted(self.sizes)}, got "
+                              f"{sorted(scales)}")
         for size in self.sizes:
             for name, variant in self.variants.items():
                 try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 
 class StrictModel(BaseModel):
@@ -21,7 +21,8 @@ class TrainingConfig(StrictModel):
     """Token budget, batch geometry, optimizer (paper Table 2 defaults), evaluation, engine.
 
     Budget: ``tokens`` when given, else Chinchilla, ``tokens_per_param`` x the total parameters of
-    the Llama baseline of the trial's size x ``budget_scale`` (the CEM twin gets the same tokens).
+    the Llama baseline of the trial's size x ``budget_scale`` (one number, or one per size, e.g.
+    ``{nano: 1.0, tiny: 0.25}``; the CEM twin gets the same tokens).
     Batch: ``batch_size`` sequences (examples) per optimizer step over all workers; each worker
     runs micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
     Optimizer: AdamW (``beta1``, ``beta2``, ``eps``, ``weight_decay`` on projection and
@@ -32,7 +33,8 @@ class TrainingConfig(StrictModel):
 
     tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")
     tokens_per_param: float = Field(20.0, gt=0, description="Chinchilla tokens per parameter")
-    budget_scale: float = Field(1.0, gt=0, description="multiplies the Chinchilla budget (CPU)")
+    budget_scale: PositiveFloat | dict[str, PositiveFloat] = Field(
+        1.0, description="multiplies the Chinchilla budget (CPU): a number, or one per size")
     batch_size: int = Field(128, gt=0, description="global batch, sequences per optimizer step")
     micro_batch_size: int = Field(8, gt=0, description="most sequences per worker per pass")
     beta1: float = Field(0.9, ge=0, lt=1)
@@ -51,6 +53,16 @@ class TrainingConfig(StrictModel):
         "entropies and preconditioner eigenvalues")
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+
+    def scale_for(self, size: str) -> float:
+        """``budget_scale`` of preset ``size``.
+
+        Raises:
+            KeyError: a per-size ``budget_scale`` without ``size``.
+        """
+        if isinstance(self.budget_scale, dict):
+            return self.budget_scale[size]
+        return self.budget_scale
 
 
 # Engine options and logging that do not change what a trial computes: left out of its identity.

@@ -51,11 +51,11 @@ def baseline_model(size: str, vocab_size: int) -> ModelConfig:
 
 def token_budget(training: TrainingConfig, size: str, vocab_size: int) -> int:
     """``training.tokens``, else Chinchilla: ``tokens_per_param`` x total parameters of the
-    Llama baseline of ``size`` x ``budget_scale`` (paper Sec. 4, App. C.3)."""
+    Llama baseline of ``size`` x its ``budget_scale`` (paper Sec. 4, App. C.3)."""
     if training.tokens is not None:
         return training.tokens
     baseline = parameter_counts(baseline_model(size, vocab_size))["total"]
-    return max(1, round(training.tokens_per_param * baseline * training.budget_scale))
+    return max(1, round(training.tokens_per_param * baseline * training.scale_for(size)))
 
 
 def _forever(loader: DataLoader, sampler: DistributedSampler, skip: int = 0):

@@ -48,6 +48,15 @@ def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
         assert cem.budget.flops > llama.budget.flops  # T = 2 attention costs more per token
 
 
+def test_a_budget_scale_per_size_scales_each_size_s_chinchilla_budget():
+    spec = parse_spec({**GRID, "training": {"budget_scale": {"nano": 1.0, "micro": 0.25},
+                                            "batch_size": 16}})
+    for size, (d, n_layer, f), scale in [("nano", (32, 2, 96), 1.0),
+                                         ("micro", (128, 4, 384), 0.25)]:
+        assert token_budget(spec.training, size, 512) == round(
+            20 * llama_params(512, d, n_layer, f) * scale)
+
+
 def test_an_edited_corpus_or_changed_code_never_reuses_a_trial_id(tmp_path):
     from tests.conftest import write_corpus
     from workloads.data import CorpusConfig, prepare_corpus
