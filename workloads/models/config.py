@@ -194,6 +194,10 @@ PRESETS: dict[str, ModelConfig] = {
     # CPU sizes for tests and demos (vocabulary of the embedded Shakespeare BPE).
     "nano": ModelConfig(vocab_size=512, d_model=32, n_layer=2, n_head=2, d_mlp=96,
                         context_length=64),
+    # The claims' CPU twins: small enough that nano trains on its whole Chinchilla budget
+    # (~1 M tokens) and tiny on a quarter of it within the reproduction's hours on 2 cores.
+    "tiny": ModelConfig(vocab_size=512, d_model=64, n_layer=3, n_head=4, d_mlp=192,
+                        context_length=128),
     "micro": ModelConfig(vocab_size=4096, d_model=128, n_layer=4, n_head=4, d_mlp=384,
                          context_length=256),
     "mini": ModelConfig(vocab_size=4096, d_model=256, n_layer=6, n_head=8, d_mlp=704,
