@@ -19,6 +19,12 @@ def _directional_derivative(sub: CEMAttention | CEMMLP, x: torch.Tensor, step: t
     return (grad * step).sum(-1)
 
 
+def _relative(new: torch.Tensor, old: torch.Tensor) -> float:
+    """Mean over tokens of ||new - old|| / ||old|| for (B, T, D) iterates (dimensionless)."""
+    old = old.float()
+    return ((new.float() - old).norm(dim=-1) / old.norm(dim=-1)).mean().item()
+
+
 @torch.no_grad()
 def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
     """Per-layer, per-step mean energies and preconditioner eigenvalues on a batch ``idx`` (B, T).
@@ -34,15 +40,17 @@ def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
     nats, mean over tokens and heads: log(i) for uniform attention, 0 for attention on one
     token); and ``precond_min_eig/{attn,mlp}/layer{l}[/head{k}]``
     (smallest eigenvalue of each preconditioner: P > 0 iff positive). Llama sublayers have
-    none of these and are just applied.
+    no energy: only their ``update_norm/.../step1`` (the residual update's relative size).
     """
     out: dict[str, float] = {}
     h = model.embed_tokens(idx)
     carry = {} if model.cfg.momentum_scope == "layer" else None
     for layer, block in enumerate(model.blocks):
         for name, sub in (("attn", block.attn), ("mlp", block.mlp)):
-            if not isinstance(sub, (CEMAttention, CEMMLP)):
-                h = sub(h, carry)
+            if not isinstance(sub, (CEMAttention, CEMMLP)):  # Llama: its update size only
+                out_h = sub(h, carry)
+                out[f"update_norm/{name}/layer{layer}/step1"] = _relative(out_h, h)
+                h = out_h
                 continue
             xs = sub.iterates(h, carry) if isinstance(sub, CEMAttention) else sub.iterates(h)
             energies = [sub.energy(x, h).float() for x in xs]  # (B, T) each
@@ -54,9 +62,7 @@ def energy_diagnostics(model: DecoderLM, idx: torch.Tensor) -> dict[str, float]:
                         sub, xs[t - 1], x - xs[t - 1], h).mean().item()
                     out[f"energy_fell/{name}/{key}"] = (
                         (energies[t] < energies[t - 1]).float().mean().item())
-                    prev = xs[t - 1].float()
-                    out[f"update_norm/{name}/{key}"] = (
-                        (x.float() - prev).norm(dim=-1) / prev.norm(dim=-1)).mean().item()
+                    out[f"update_norm/{name}/{key}"] = _relative(x, xs[t - 1])
                     if isinstance(sub, CEMAttention):  # plain reuse: keys from x^(t-1)
                         p = sub.attention_probs(xs[t - 1], xs[t - 1] if sub.cfg.layer_reuse
                                                 else h).float()

@@ -106,3 +106,17 @@ def test_the_update_norm_is_the_relative_size_of_each_step():
     expected = (step.norm(dim=-1) / h.norm(dim=-1)).mean().item()
     assert math.isclose(out["update_norm/mlp/layer0/step1"], expected, rel_tol=1e-6)
     assert "attn_entropy/mlp/layer0/step1" not in out
+
+
+def test_llama_sublayers_report_only_their_update_size():
+    torch.manual_seed(5)
+    cfg = ModelConfig.from_preset("nano")
+    model = build_model(cfg).double()
+    idx = torch.randint(0, cfg.vocab_size, (2, 12))
+    out = energy_diagnostics(model, idx)
+    assert sorted(out) == sorted(f"update_norm/{name}/layer{layer}/step1"
+                                 for layer in range(cfg.n_layer) for name in ("attn", "mlp"))
+    h = model.embed_tokens(idx)
+    step = model.blocks[0].attn(h) - h
+    assert math.isclose(out["update_norm/attn/layer0/step1"],
+                        (step.norm(dim=-1) / h.norm(dim=-1)).mean().item(), rel_tol=1e-6)
