@@ -119,41 +119,38 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.ledger import Ledger
     from orchestrator.settings import Settings
 
-    directory = Path(args.directory)
     try:
-        paths = sorted({p for _, p in report.claims_of(directory, args.scale)})
-        specs = {p: load_spec(p) for p in paths}
+        pairs = report.claims_of(Path(args.directory), args.scale)
+        specs = {p: load_spec(p) for p in sorted({p for _, p in pairs})}
     except (FileNotFoundError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     ledger = Ledger(Settings().ledger_url)
     missing = {p: report.missing_trials(spec, ledger) for p, spec in specs.items()}
     todo = [p for p, trials in missing.items() if trials]
-    print(f"claims report: {len(report.CLAIMS)} claims over {len(specs)} specs; "
+    print(f"claims report: {len(pairs)} claims over {len(specs)} specs; "
           f"{sum(map(len, missing.values()))} trial(s) missing in {len(todo)} spec(s)",
           flush=True)
     if todo and not args.no_run:
         from orchestrator.calibrate import estimate_wall_s
         from orchestrator.plan import concurrency
         from orchestrator.run import run_experiment
+        from workloads.reach import ServiceError
 
         wall = sum(sum(estimate_wall_s(missing[p]).values()) / concurrency(specs[p])
                    for p in todo)
         print(f"running them now: about {wall / 3600:.1f} h on this machine "
               f"(calibrated, {', '.join(p.stem for p in todo)})", flush=True)
-        from workloads.reach import ServiceError
-
         for path in todo:
             try:
                 run_experiment(specs[path], path.read_text())
             except ServiceError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
-    results = [report.evaluate(c, specs[p], ledger)
-               for c, p in report.claims_of(directory, args.scale)]
+    results = [report.evaluate(claim, specs[path], ledger) for claim, path in pairs]
     print(report.verdict_table(results))
-    path = report.write_report(results, Path(args.out), args.scale, args.directory)
-    print(f"wrote {path} and {sum(bool(r.effects) for r in results)} figure(s)")
+    written = report.write_report(results, Path(args.out), args.scale, args.directory)
+    print(f"wrote {written} and {sum(bool(r.effects) for r in results)} figure(s)")
     return 0
 
 
