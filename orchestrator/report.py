@@ -22,10 +22,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.analysis import Point, seed_choices
+from orchestrator.analysis import seed_choices
 from orchestrator.claims import CLAIMS, Claim, Comparison
 from orchestrator.ledger import Ledger, Status
-from orchestrator.results import experiment_rows, short_metric
+from orchestrator.results import experiment_rows, finished_points, short_metric
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.atomic import atomic_path
@@ -126,10 +126,7 @@ def paired_effects(comparison: Comparison, tests: dict[str, dict[int, float]]
 
 def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
     """``claim`` measured on the finished trials of ``spec`` in ``ledger``."""
-    points = [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.val_metric, r.metric)
-              for r in experiment_rows(spec, ledger) if r.status == Status.FINISHED
-              and r.metric is not None and r.val_metric is not None]
-    choices = seed_choices(points)
+    choices = seed_choices(finished_points(experiment_rows(spec, ledger)))
     effects, arms = [], []
     for dataset, size in sorted({(d, s) for d, _, s in choices}):
         tests = {v: {seed: c.test for seed, c in by_seed.items()}

@@ -50,12 +50,17 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
     return sorted(newest.values(), key=lambda r: r.id)
 
 
+def finished_points(rows: list[TrialRow]) -> list[Point]:
+    """The finished rows as ``Point``s (those finished before validation metrics were recorded
+    have none, and are left out)."""
+    return [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.val_metric, r.metric)
+            for r in rows if r.status == Status.FINISHED and r.metric is not None
+            and r.val_metric is not None]
+
+
 def optima(spec: ExperimentSpec, rows: list[TrialRow]) -> list[dict]:
-    """``optima_table`` of the finished rows (those finished before validation metrics were
-    recorded have none, and are left out)."""
-    points = [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.val_metric, r.metric)
-              for r in rows if r.status == Status.FINISHED and r.metric is not None
-              and r.val_metric is not None]
+    """``optima_table`` of the finished rows (``finished_points``)."""
+    points = finished_points(rows)
     return optima_table(points, short_metric(spec)) if points else []
 
 
