@@ -120,11 +120,13 @@ def spec_trial(args: argparse.Namespace, data_dir: str) -> Job:
     trials = plan(spec)  # first without data: a wrong row fails before any download
     wrong = (f"error: --trial {args.trial!r}: not a row (0..{len(trials) - 1}) or trial id "
              f"of {args.spec}")
-    if args.trial.isdigit() and int(args.trial) >= len(trials):
+    maybe_id = len(args.trial) == len(trials[0].trial_id)  # an id may be digits only
+    row = not maybe_id and args.trial.isdigit() and int(args.trial) < len(trials)
+    if not (row or maybe_id):
         sys.exit(wrong)
     prepared = workload.prepare(spec.workload_config, data_dir)
     planned = plan(spec, prepared.data)  # ids as `run` has them (they cover the corpus)
-    index = int(args.trial) if args.trial.isdigit() else next(
+    index = int(args.trial) if row else next(
         (i for i, t in enumerate(planned) if args.trial in (t.trial_id, trials[i].trial_id)),
         None)
     if index is None:
