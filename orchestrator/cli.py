@@ -10,6 +10,7 @@ from pathlib import Path
 from orchestrator.spec import SpecError, load_spec
 
 REL_TOLERANCE = 1e-3  # `models eval` must reproduce the registered test perplexity this closely
+MAX_TRIALS = 1000  # a larger grid runs only with --yes (a typo in a grid axis is days of GPU)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip the measured calibration step (no wall-time estimate)")
     p = sub.add_parser("run", help="run every unfinished trial (Ray Tune + Train + DeepSpeed)")
     p.add_argument("spec", help="path of the experiment YAML")
+    p.add_argument("--yes", action="store_true",
+                   help=f"run a grid of more than {MAX_TRIALS:,} trials")
     p = sub.add_parser("status", help="progress of one experiment, or of all of them")
     p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
     p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
@@ -67,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(spec, trials, wall, concurrency(spec)))
         return 0
     if args.command == "run":
+        if spec.grid_size > MAX_TRIALS and not args.yes:
+            print(f"error: {args.spec}: the grid has {spec.grid_size:,} trials, more than "
+                  f"{MAX_TRIALS:,}: check its axes, or pass --yes to run them all",
+                  file=sys.stderr)
+            return 2
         from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
         from workloads.reach import ServiceError
 

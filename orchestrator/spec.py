@@ -15,10 +15,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     Field,
+    NonNegativeInt,
     SerializeAsAny,
     ValidationError,
     create_model,
@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.spec_yaml import SpecFileError, read_spec_yaml
 from workloads.config import ResourcesConfig, StrictModel, TrainingConfig
 from workloads.models import PRESETS, ModelConfig
 from workloads.registry import WORKLOADS, get_workload
@@ -94,7 +95,7 @@ class ExperimentSpec(StrictModel):
     sizes: list[str] = Field(min_length=1)
     variants: dict[str, Variant] = Field(min_length=1)  # type: ignore[valid-type]
     learning_rates: list[float] = Field(PAPER_LEARNING_RATES, min_length=1)
-    seeds: list[int] = Field([0], min_length=1)
+    seeds: list[NonNegativeInt] = Field([0], min_length=1)
     training: TrainingConfig = TrainingConfig()
     resources: ResourcesConfig = ResourcesConfig()
 
@@ -114,13 +115,21 @@ class ExperimentSpec(StrictModel):
             if other.section != workload.section and other.section in data:
                 raise _FieldError((other.section,), f"unknown key (workload {workload.name} "
                                   f"takes '{workload.section}')")
+        section = data.pop(workload.section, None) or {}
         try:
-            data["workload_config"] = workload.config_type.model_validate(
-                data.pop(workload.section, None) or {})
+            data["workload_config"] = workload.config_type.model_validate(section)
         except ValidationError as e:
-            loc, msg = _first_error(e)
+            loc, msg = _first_error(e, section)
             raise _FieldError((workload.section, loc), msg) from None
         return data
+
+    @property
+    def grid_size(self) -> int:
+        """Trials in the grid: datasets x sizes x variants x learning rates x seeds (counted,
+        not planned)."""
+        datasets = get_workload(self.workload).datasets(self.workload_config)
+        return (len(datasets) * len(self.sizes) * len(self.variants) * len(self.learning_rates)
+                * len(self.seeds))
 
     @model_serializer(mode="wrap")
     def _section_key(self, handler) -> dict[str, Any]:
@@ -174,12 +183,38 @@ class ExperimentSpec(StrictModel):
         return self
 
 
-def _first_error(e: ValidationError) -> tuple[str, str]:
+def _field_names() -> frozenset[str]:
+    """Every field name of the spec's models (its sections, variants, workload sections)."""
+    models = [ExperimentSpec, TrainingConfig, ResourcesConfig, Variant,
+              *(w.config_type for w in WORKLOADS.values())]
+    return frozenset(name for m in models for name in m.model_fields)
+
+
+def _input_path(loc: tuple, data: Any) -> list:
+    """The parts of a pydantic error location that name the spec's fields: keys and indices of
+    ``data`` and field names (missing ones too), not a union's branch tags
+    (``constrained-float``, ``dict[str,constrained-float]``)."""
+    fields, path = _field_names(), []
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        elif part in fields and isinstance(data, dict | None):
+            data = None  # a field with no input: missing, or given a default
+        else:
+            continue
+        path.append(part)
+    return path
+
+
+def _first_error(e: ValidationError, data: Any) -> tuple[str, str]:
+    """``(field.path, problem)`` of the first error of validating ``data``."""
     err = e.errors()[0]
     ctx_err = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_err, _FieldError):
         return ".".join(map(str, ctx_err.loc)), ctx_err.msg
-    loc = ".".join(str(p) for p in err["loc"]) or "spec"
+    loc = ".".join(str(p) for p in _input_path(err["loc"], data)) or "spec"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
@@ -198,25 +233,20 @@ def parse_spec(data: Any, source: str = "spec") -> ExperimentSpec:
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as e:
-        loc, msg = _first_error(e)
+        loc, msg = _first_error(e, data)
         more = e.error_count() - 1
         raise SpecError(f"{source}: {loc}: {msg}" + (f" (+{more} more)" if more else "")) from None
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
-    """Read and validate the YAML spec at ``path``.
+    """Read and validate the YAML spec at ``path`` (``spec_yaml.read_spec_yaml``).
 
     Raises:
-        SpecError: unreadable file, invalid YAML, or an invalid spec (one line naming the field).
+        SpecError: unreadable, oversized or non-UTF-8 file, invalid YAML (a duplicate key, an
+            alias bomb), or an invalid spec (one line naming the field).
     """
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read spec: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise SpecError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
+        _, data = read_spec_yaml(path)
+    except SpecFileError as e:
+        raise SpecError(f"{path}: {e}") from None
     return parse_spec(data, str(path))

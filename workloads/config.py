@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 
 class StrictModel(BaseModel):
-    """A frozen pydantic model that rejects unknown keys (a spec typo is an error, not a no-op)."""
+    """A frozen pydantic model that rejects unknown keys (a spec typo is an error, not a no-op),
+    values of the wrong type (no ``"0.1"`` or ``true`` for a number: pydantic's strict mode) and
+    NaN or infinite floats."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class TrainingConfig(StrictModel):

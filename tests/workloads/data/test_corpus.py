@@ -2,6 +2,7 @@
 the same bytes in process and on Ray Data with 1 or 4 tasks, SlimPajama's schema offline."""
 
 import json
+import logging
 import math
 import os
 from collections import Counter
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from tests.conftest import write_corpus
@@ -20,6 +22,7 @@ from workloads.data import (
     split_documents,
 )
 from workloads.data.packing import token_dtype
+from workloads.data.sources import SlimPajamaSource
 from workloads.data.tokenizer import train_tokenizer
 
 
@@ -138,8 +141,22 @@ def test_slimpajama_schema_offline_with_a_local_tokenizer_directory(tmp_path):
         for split in ("train", "validation", "test")}
 
 
-def test_a_tokenizer_directory_without_tokenizer_json_is_one_line(corpus_glob, tmp_path):
+def test_a_tokenizer_directory_without_tokenizer_json_is_refused_by_the_config(corpus_glob,
+                                                                             tmp_path):
     (tmp_path / "empty").mkdir()
-    cfg = CorpusConfig(source="text_files", paths=corpus_glob, tokenizer=str(tmp_path / "empty"))
-    with pytest.raises(RuntimeError, match="has no tokenizer.json"):
-        prepare_corpus(cfg, tmp_path / "cache")
+    with pytest.raises(ValidationError, match="has no tokenizer.json"):
+        CorpusConfig(source="text_files", paths=corpus_glob, tokenizer=str(tmp_path / "empty"))
+
+
+def test_corrupt_slimpajama_rows_are_skipped_and_counted(tmp_path, caplog):
+    rows = [{"text": f"row {i}: the king and the queen spoke of the sea."} for i in range(12)]
+    rows[3], rows[5], rows[8] = {"text": None}, {"meta": {}}, {"text": 17}
+    (tmp_path / "sp").mkdir()
+    with open(tmp_path / "sp" / "part-0.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    source = SlimPajamaSource(str(tmp_path / "sp"), max_documents=10)
+    with caplog.at_level(logging.WARNING):
+        docs = list(documents(source))
+    assert [d.doc_id for d in docs] == [f"{i:09d}" for i in range(10) if i not in (3, 5, 8)]
+    assert [d.text for d in docs] == [rows[i]["text"] for i in range(10) if i not in (3, 5, 8)]
+    assert "skipped 3 of the first 10 rows" in caplog.text

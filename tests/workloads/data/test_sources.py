@@ -1,12 +1,14 @@
 """Document sources and the deterministic document-level split."""
 
 import hashlib
+import logging
 import math
 from collections import Counter
 
 import pytest
 
 from workloads.data import ShakespeareSource, TextFilesSource, documents, split_documents
+from workloads.data.sources import SNIFF_BYTES, text_file_problem
 
 
 def test_split_is_deterministic_disjoint_and_order_free():
@@ -44,8 +46,25 @@ def test_split_rejects_a_corpus_too_small():
 
 
 def test_text_files_source_needs_a_match(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no files match"):
+    with pytest.raises(FileNotFoundError, match="no text file matches"):
         TextFilesSource(str(tmp_path / "*.txt"))
+
+
+def test_files_that_are_not_text_are_skipped_and_counted_in_the_log(tmp_path, caplog):
+    good = {"a.txt": "plain text\n", "b.txt": "é" * (SNIFF_BYTES // 2) + "\n"}  # é straddles
+    bad = {"c.txt": b"", "d.txt": b"GIF89a\x00\x01", "e.txt": "naïve".encode("latin-1")}
+    for name, text in good.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    for name, content in bad.items():
+        (tmp_path / name).write_bytes(content)
+    assert (tmp_path / "b.txt").stat().st_size > SNIFF_BYTES  # the sniff cuts inside an é
+    assert text_file_problem(tmp_path / "c.txt") == "empty"
+    assert text_file_problem(tmp_path / "d.txt") == "binary (NUL bytes)"
+    assert text_file_problem(tmp_path / "e.txt") == "not UTF-8 (byte 0xef at offset 2)"
+    with caplog.at_level(logging.WARNING):
+        source = TextFilesSource(str(tmp_path / "*.txt"))
+    assert [d.doc_id for d in documents(source)] == [str(tmp_path / n) for n in sorted(good)]
+    assert "skipped 3 of 5 files that are not text" in caplog.text
 
 
 @pytest.mark.slow
