@@ -7,7 +7,8 @@ after the trial hash under ``ray_results/trials/<experiment>`` of the storage ro
 path, or ``s3://...`` that every node reaches): launching the same trial of the same experiment
 again makes Ray Train restore its checkpoint manager, so the workers resume from the last
 checkpoint, as they do within a submission when a worker or its node dies
-(``resources.max_failures``).
+(``resources.max_failures``). Ray Train keeps a trial's last two checkpoints: the previous one is
+the fallback when the latest does not verify (``workloads.checkpoints``).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
                                      placement_strategy=r.placement_strategy),
         run_config=RunConfig(name=task.name,
                              **ray_storage(task.storage, *_TRIALS, task.experiment),
-                             checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2),
                              failure_config=FailureConfig(max_failures=r.max_failures),
                              callbacks=[TuneReportCallback()]))
     try:

@@ -3,8 +3,9 @@
 The same train loop runs in two sessions:
 
 - ``RaySession``: one Ray Train worker of a trial. Checkpoints go through ``ray.train.report``
-  (every rank writes its part into a temporary directory that Ray persists, and a resubmitted
-  trial gets the last one back from ``ray.train.get_checkpoint``); metrics go to the trial's
+  (every rank writes its part and its sha256 manifest into a temporary directory that Ray
+  persists, and a restarted or resubmitted trial resumes from the newest one that verifies,
+  ``workloads.checkpoints``); metrics go to the trial's
   MLflow run from rank 0, and the run's ``ray.nodes`` tag lists each rank's
   ``<Ray node id>@<node IP>``.
 - ``LocalSession``: one process, no Ray, no DeepSpeed, no MLflow (``python -m workloads.train``).
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workloads.base import Job
+from workloads.checkpoints import newest_good, write_manifest
 from workloads.engine import DeepSpeedEngine, Engine, TorchEngine
 from workloads.metrics import MetricSink
 from workloads.optim import resolve_precision
@@ -124,13 +126,20 @@ class RaySession(Session):
                            wrap=ray.train.torch.prepare_model, rank=self.rank)
 
     def restore(self, engine: Engine) -> int:
+        """The newest of the trial's checkpoints that verifies (``checkpoints.newest_good``:
+        Ray Train's latest, else the ones it kept before it).
+
+        Raises:
+            RuntimeError: checkpoints exist but none verifies.
+        """
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
+        latest = ray.train.get_checkpoint()
+        found = latest and newest_good(_newest_first(latest), lambda c: c.as_directory(),
+                                       lambda d: engine.load(d)["step"])
+        if not found:
             return 0
-        with checkpoint.as_directory() as d:
-            step = engine.load(d)["step"]
+        checkpoint, step = found
         self.info("[train] resumed from step %d (%s)", step, checkpoint.path)
         return step
 
@@ -139,6 +148,7 @@ class RaySession(Session):
 
         with tempfile.TemporaryDirectory() as d:
             engine.save(d, {"step": step})
+            write_manifest(d, self.rank, self.world_size, step)
             ray.train.report({"step": step, **metrics},
                              checkpoint=ray.train.Checkpoint.from_directory(d))
 
@@ -151,6 +161,22 @@ class RaySession(Session):
     def log_model(self, model: nn.Module) -> None:
         if self.job.run_id:
             log_torch_model(model, self.job.tracking_uri, self.job.run_id)
+
+
+def _newest_first(latest):
+    """``latest`` (a ``ray.train.Checkpoint``), then the older checkpoints of its run directory
+    (``checkpoint_<timestamp>``, on whatever filesystem it is), newest first; listed only when
+    ``latest`` does not verify."""
+    import pyarrow.fs
+    import ray.train
+
+    yield latest
+    parent, name = latest.path.rstrip("/").rsplit("/", 1)
+    infos = latest.filesystem.get_file_info(pyarrow.fs.FileSelector(parent))
+    for older in sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory
+                         and i.base_name.startswith("checkpoint_") and i.base_name < name),
+                        reverse=True):
+        yield ray.train.Checkpoint(f"{parent}/{older}", filesystem=latest.filesystem)
 
 
 class LocalSession(Session):

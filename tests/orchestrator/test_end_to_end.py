@@ -9,6 +9,7 @@ stops the services.
 
 import json
 import math
+import re
 import signal
 import statistics
 import subprocess
@@ -165,28 +166,38 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
                              env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
-    def checkpointed() -> bool:  # the trial runs and Ray Train has registered a checkpoint
+    def checkpoints() -> list[str]:  # those Ray Train has registered for the running trial
         exp = ledger.experiment("resume")
         rows = ledger.trials(exp.id) if exp else []
         if not rows or rows[0].status != "RUNNING":
-            return False
+            return []
         snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
-        return snapshot.exists() and "checkpoint_" in snapshot.read_text()
+        text = snapshot.read_text() if snapshot.exists() else ""
+        return sorted(set(re.findall(r"checkpoint_\d{4}-\d\d-\d\d_[\d.-]+", text)))
 
     deadline = time.monotonic() + 300
-    while not checkpointed():
+    while len(checkpoints()) < 2:
         assert first.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     first.send_signal(signal.SIGKILL)  # the driver dies; Ray tears down its trial
     first.wait()
     (row,) = ledger.trials(ledger.experiment("resume").id)
     assert row.status == Status.RUNNING and row.mlflow_run_id
+    # Corrupt the newest checkpoint: the resubmitted trial must pass over it to the previous one.
+    previous, newest = (Path(row.checkpoint_path) / c for c in checkpoints()[-2:])
+    shard = sorted((newest / "ckpt").glob("*optim_states.pt"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    previous_step = json.loads((previous / "manifest-rank0.json").read_text())["step"]
 
     again = orchestrator(env, "run", str(spec_path))
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    resumed = [line for line in again.stdout.splitlines() + again.stderr.splitlines()
-               if "resumed from step" in line]
-    assert resumed, again.stdout[-3000:]
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-3000:]
+    assert re.search(rf"{newest.name}.*is corrupt \(sha256 differs from its manifest\); "
+                     "trying the previous one", output), output[-3000:]
+    resumed = [line for line in output.splitlines() if "resumed from step" in line]
+    assert resumed and f"resumed from step {previous_step} " in resumed[0], output[-3000:]
     (row,) = ledger.trials(ledger.experiment("resume").id)
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("resume")
@@ -225,3 +236,18 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
             pytest.approx(statistics.stdev(rmses)))
     status = orchestrator(env, "status")
     assert "gp-e2e" in status.stdout and "resume" in status.stdout
+
+
+def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(services):
+    import psutil
+
+    home, _ = services
+    started = [psutil.Process(int((home / "run" / f"{name}.pid").read_text()))
+               for name in ("ray", "mlflow")]
+    pids = {p.pid for root in started for p in (root, *root.children(recursive=True))}
+    listening = [c for c in psutil.net_connections(kind="inet")
+                 if c.pid in pids and c.status == psutil.CONN_LISTEN]
+    assert len({c.laddr.port for c in listening}) >= 3  # MLflow, Ray GCS, Ray dashboard, ...
+    assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::1"}, listening
+    for secret in ("ray_auth_token", "services.env"):
+        assert (home / secret).stat().st_mode & 0o777 == 0o600, secret
