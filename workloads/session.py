@@ -82,11 +82,18 @@ class Session(ABC):
 
     @abstractmethod
     def flush(self) -> None:
-        """Send buffered metrics."""
+        """Send buffered metrics (what cannot be sent now stays buffered)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """After the train loop: deliver whatever is still buffered, or raise."""
 
     @abstractmethod
     def log_model(self, model: nn.Module) -> None:
         """Keep the trained model (rank 0 only calls it)."""
+
+
+FINAL_FLUSH_S = 300.0  # how long a finished trial waits for an unreachable tracking server
 
 
 class RaySession(Session):
@@ -106,6 +113,10 @@ class RaySession(Session):
         here = ray.util.get_node_ip_address()
         check_tracking(job.tracking_uri, where=here)  # before any step: one line if unreachable
         self.sink = MetricSink(job.tracking_uri, job.run_id, enabled=self.rank == 0)
+        logged = self.sink.skip_logged()
+        if logged:
+            self.info("[train] the run has metrics up to step %d: replayed steps are not logged "
+                      "again", logged)
         self.sink.tag("ray.nodes", ",".join(self._gather(
             f"{ray.get_runtime_context().get_node_id()}@{here}")))
 
@@ -134,9 +145,12 @@ class RaySession(Session):
         """
         import ray.train
 
+        def load(directory: str) -> int:
+            self.sink.add_pending(directory)  # points an outage kept from the run
+            return engine.load(directory)["step"]
+
         latest = ray.train.get_checkpoint()
-        found = latest and newest_good(_newest_first(latest), lambda c: c.as_directory(),
-                                       lambda d: engine.load(d)["step"])
+        found = latest and newest_good(_newest_first(latest), lambda c: c.as_directory(), load)
         if not found:
             return 0
         checkpoint, step = found
@@ -148,6 +162,7 @@ class RaySession(Session):
 
         with tempfile.TemporaryDirectory() as d:
             engine.save(d, {"step": step})
+            self.sink.write_pending(d)  # what an outage kept from MLflow survives a crash
             write_manifest(d, self.rank, self.world_size, step)
             ray.train.report({"step": step, **metrics},
                              checkpoint=ray.train.Checkpoint.from_directory(d))
@@ -157,6 +172,18 @@ class RaySession(Session):
 
     def flush(self) -> None:
         self.sink.flush()
+
+    def close(self) -> None:
+        """Send the points still pending, retrying for up to ``FINAL_FLUSH_S``.
+
+        Raises:
+            RuntimeError: the tracking server stayed unreachable; the points are in the last
+                checkpoint, and a restart of the trial sends them.
+        """
+        if not self.sink.flush(deadline_s=FINAL_FLUSH_S):
+            raise RuntimeError(f"MLflow at {self.job.tracking_uri} unreachable for "
+                               f"{FINAL_FLUSH_S:.0f} s: {self.sink.pending} metric point(s) not "
+                               "sent (kept in the last checkpoint)")
 
     def log_model(self, model: nn.Module) -> None:
         if self.job.run_id:
@@ -205,6 +232,9 @@ class LocalSession(Session):
 
     def flush(self) -> None:
         pass
+
+    def close(self) -> None:
+        pass  # history is in memory: nothing is pending
 
     def log_model(self, model: nn.Module) -> None:
         pass  # in-process runs keep no model: nothing here tracks it

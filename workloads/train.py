@@ -43,7 +43,9 @@ def run_in_ray(job: Job) -> None:
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    get_workload(job.trial.workload).train(job, RaySession(job))
+    session = RaySession(job)
+    get_workload(job.trial.workload).train(job, session)
+    session.close()
 
 
 def run_in_process(job: Job) -> tuple[dict[str, float], LocalSession]:
