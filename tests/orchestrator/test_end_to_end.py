@@ -204,8 +204,13 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
     trial_runs = client.search_runs([exp.experiment_id], "tags.`cemlab.role` = 'trial'")
     assert [r.info.run_id for r in trial_runs] == [row.mlflow_run_id]  # one run, reused
     assert row.status == Status.FINISHED and trial_runs[0].info.status == "FINISHED"
-    steps = {x.step for x in client.get_metric_history(row.mlflow_run_id, "loss")}
-    assert steps == set(range(1, 201))
+    # Every step exactly once: the steps replayed after the previous checkpoint are not logged
+    # again (the run already had them), and none is missing.
+    for key in ("loss", "lr", "tokens_seen"):
+        steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
+        assert steps == list(range(1, 201)), key
+    val_steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "val_loss"))
+    assert val_steps == list(range(20, 201, 20))
 
 
 def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
