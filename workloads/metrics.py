@@ -100,6 +100,10 @@ class MetricSink:
         With ``deadline_s`` 0, one try that gives up at once when the server does not answer
         its health check (the points stay pending); else tries every few seconds until
         ``deadline_s`` has passed.
+
+        Raises:
+            mlflow.exceptions.RestException: the server answered and refused the points (an
+                HTTP 4xx other than 429): a bug to see, not an outage to wait out.
         """
         if self._client is None:
             return True
@@ -110,6 +114,8 @@ class MetricSink:
                 self._send()
                 return True
             except Exception as e:  # ServiceError, MlflowException, connection errors
+                if _rejected(e):
+                    raise
                 if time.monotonic() >= deadline:
                     log.warning("[metrics] tracking server unavailable (%s): %d point(s) kept "
                                 "for the next flush", str(e).splitlines()[0], self.pending)
@@ -160,6 +166,14 @@ class MetricSink:
 
     def _from_dict(self, p: dict):
         return self._metric(p["key"], p["value"], p["timestamp"], p["step"])
+
+
+def _rejected(e: Exception) -> bool:
+    """Whether the tracking server answered ``e`` as a refusal of the request itself."""
+    from mlflow.exceptions import RestException
+
+    return isinstance(e, RestException) and 400 <= e.get_http_status_code() < 500 \
+        and e.get_http_status_code() != 429
 
 
 def _as_dict(m) -> dict:

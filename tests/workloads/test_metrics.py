@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from mlflow.exceptions import RestException
 
 from tests.conftest import free_port
 from workloads.metrics import PENDING, MetricSink
@@ -134,3 +135,10 @@ def test_points_kept_in_a_checkpoint_reach_the_run_once_after_a_crash(server, tm
     assert again.add_pending(tmp_path / "ckpt") == 5
     assert again.flush()
     assert steps_of(server, run_id) == list(range(1, 16))
+
+
+def test_a_refused_flush_is_an_error_not_an_outage(server, tmp_path):
+    sink = MetricSink(server.uri, "0" * 32, spill_dir=tmp_path)  # no such run: HTTP 404
+    sink.log({"loss": 1.0}, 1)
+    with pytest.raises(RestException, match="RESOURCE_DOES_NOT_EXIST"):
+        sink.flush(deadline_s=60)
