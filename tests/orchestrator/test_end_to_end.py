@@ -62,6 +62,13 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     trials = [r for r in runs if r.data.tags["cemlab.role"] == "trial"]
     assert sorted(r.info.run_name for r in trials) == [
         f"{v}@nano lr={lr} seed=0" for v in ("cem", "llama") for lr in (0.004, 0.008)]
+    # The Ray token never reaches MLflow (params, tags, the spec artifact) or the logs.
+    token = (home / "ray_auth_token").read_text().strip()
+    for run in runs:
+        assert token not in json.dumps([run.data.params, run.data.tags])
+    spec_artifact = Path(client.download_artifacts(parent.info.run_id, "spec.yaml",
+                                                   str(tmp_path))).read_text()
+    assert token not in spec_artifact + proc.stdout + proc.stderr
     spec = parse_spec(SPEC)
     steps = 40960 // (16 * 64)
     for run in trials:
