@@ -6,7 +6,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STATE=${CEMLAB_HOME:-$ROOT/.cemlab}
 RUN="$STATE/run"
 
-stop() {  # name: SIGTERM the process group, wait up to 20 s, then SIGKILL what is left
+stop() {  # name: SIGTERM the process group, wait up to 20 s, then SIGKILL what is left and
+          # wait (up to 10 s) until the kernel has removed it
   local pidfile="$RUN/$1.pid" pid
   [ -s "$pidfile" ] || return 0
   pid=$(cat "$pidfile")
@@ -18,6 +19,10 @@ stop() {  # name: SIGTERM the process group, wait up to 20 s, then SIGKILL what 
       sleep 0.5
     done
     kill -KILL -- "-$pid" 2>/dev/null || true
+    for _ in $(seq 1 20); do
+      pgrep -g "$pid" >/dev/null 2>&1 || kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
   fi
   rm -f "$pidfile"
 }

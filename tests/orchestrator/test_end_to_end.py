@@ -7,6 +7,7 @@ re-submits through `ray job submit`; kills a run mid-trial and resumes it; runs 
 stops the services.
 """
 
+import ipaddress
 import json
 import math
 import re
@@ -260,6 +261,8 @@ def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(
     listening = [c for c in psutil.net_connections(kind="inet")
                  if c.pid in pids and c.status == psutil.CONN_LISTEN]
     assert len({c.laddr.port for c in listening}) >= 3  # MLflow, Ray GCS, Ray dashboard, ...
-    assert {c.laddr.ip for c in listening} <= {"127.0.0.1", "::1"}, listening
+    addresses = {ipaddress.ip_address(c.laddr.ip) for c in listening}
+    assert all((getattr(a, "ipv4_mapped", None) or a).is_loopback  # ::ffff:127.0.0.1 too
+               for a in addresses), listening
     for secret in ("ray_auth_token", "services.env"):
         assert (home / secret).stat().st_mode & 0o777 == 0o600, secret
