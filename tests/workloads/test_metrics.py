@@ -1,6 +1,9 @@
 """Metrics against a real MLflow server: every step exactly once across a resume, no point lost
 through an outage (the server stopped and started again), none through a crash during one."""
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -31,7 +34,7 @@ class MlflowServer:
             [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
              "--artifacts-destination", str(self.home / "artifacts")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 300
         while True:
             try:
@@ -39,13 +42,22 @@ class MlflowServer:
                 return
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.proc.kill()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.proc.pid, signal.SIGKILL)
                     raise RuntimeError(f"mlflow server on port {self.port} did not start") from None
                 time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
+        """SIGTERM to the server's process group (mlflow runs uvicorn in a child), SIGKILL
+        after 30 s; returns once the port is closed."""
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # a child the parent left behind
 
 
 @pytest.fixture(scope="module")
