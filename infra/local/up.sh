@@ -29,18 +29,26 @@ alive() { [ -s "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 BIND=${CEMLAB_BIND_ADDRESS:-127.0.0.1}
 
-# A free TCP port on $BIND, preferring $1 (Ray's default 6379 is often Redis: never assume).
+# A free TCP port on $BIND (and on the other addresses given after it), preferring $1 (Ray's
+# default 6379 is often Redis: never assume).
 free_port() {
-  "$PY" - "$1" "$BIND" <<'PY'
+  "$PY" - "$1" "$BIND" "${@:2}" <<'PY'
 import socket, sys
+addresses = list(dict.fromkeys(sys.argv[2:]))
 def free(port):
-    with socket.socket() as s:
-        try:
-            s.bind((sys.argv[2], port))
-            return s.getsockname()[1]
-        except OSError:
-            return None
-print(free(int(sys.argv[1])) or free(0))
+    socks = []
+    try:
+        for address in addresses:  # the same port on every address at once
+            socks.append(socket.socket())
+            socks[-1].bind((address, port))
+            port = socks[-1].getsockname()[1]
+        return port
+    except OSError:
+        return None
+    finally:
+        for s in socks:
+            s.close()
+print(free(int(sys.argv[1])) or next((p for p in (free(0) for _ in range(50)) if p), None))
 PY
 }
 
@@ -75,7 +83,7 @@ RAY_PORT=$(free_port "${CEMLAB_RAY_PORT:-6380}")
 DASH_PORT=$(free_port "${CEMLAB_RAY_DASHBOARD_PORT:-8265}")
 MLFLOW_PORT=$(free_port "${CEMLAB_MLFLOW_PORT:-5000}")
 # Fixed defaults of Ray that a second cluster on the machine (e.g. the tests') would collide on.
-AGENT_PORT=$(free_port 52365)
+AGENT_PORT=$(free_port 52365 127.0.0.1)  # Ray's agent binds the node address and loopback
 CLIENT_PORT=$(free_port 10001)
 MLFLOW_URI="http://$BIND:$MLFLOW_PORT"
 # MLflow's backend store (any SQLAlchemy URL, e.g. postgresql://...); the ledger shares it.

@@ -71,9 +71,13 @@ def test_a_trial_spans_two_hosts_matches_one_host_and_survives_losing_one(
 
         # A storage root on host A's disk would not reach host B: one line, nothing starts.
         local_root = str(hosts.home / "local-root")
-        job = hosts.submit(write_spec(tmp_path, _spec("host-only", "STRICT_SPREAD")),
-                           CEMLAB_STORAGE=local_root)
-        out, _ = job.communicate(timeout=300)
+        for _ in range(10):  # the head's job agent may register after its dashboard answers
+            job = hosts.submit(write_spec(tmp_path, _spec("host-only", "STRICT_SPREAD")),
+                               CEMLAB_STORAGE=local_root)
+            out, _ = job.communicate(timeout=300)
+            if "No available agent to submit job" not in out:
+                break
+            time.sleep(5)
         expected = (f"error: CEMLAB_STORAGE {local_root} is only reachable on this host "
                     f"({hosts.a}), but the Ray cluster has nodes at {hosts.b}: give an address "
                     "(or s3:// root) that every node reaches")
