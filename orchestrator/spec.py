@@ -246,7 +246,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
             alias bomb), or an invalid spec (one line naming the field).
     """
     try:
-        _, data = read_spec_yaml(path)
+        data = read_spec_yaml(path)
     except SpecFileError as e:
         raise SpecError(f"{path}: {e}") from None
     return parse_spec(data, str(path))

@@ -87,7 +87,7 @@ def _expanded_size(node: yaml.Node, limit: int) -> int:
     return size(node)
 
 
-def parse_spec_yaml(text: str) -> Any:
+def _parse(text: str) -> Any:
     """The data of one YAML document (``_SpecLoader``), or None for an empty one.
 
     Raises:
@@ -113,8 +113,8 @@ def parse_spec_yaml(text: str) -> Any:
             loader.dispose()
 
 
-def read_spec_yaml(path: str | Path) -> tuple[str, Any]:
-    """The text of the spec file at ``path`` and its data (``parse_spec_yaml``).
+def read_spec_yaml(path: str | Path) -> Any:
+    """The data of the spec file at ``path`` (one YAML document; None when it is empty).
 
     Raises:
         SpecFileError: unreadable, larger than ``MAX_SPEC_BYTES``, not UTF-8, or bad YAML.
@@ -132,4 +132,4 @@ def read_spec_yaml(path: str | Path) -> tuple[str, Any]:
     except UnicodeDecodeError as e:
         raise SpecFileError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
                             ) from None
-    return text, parse_spec_yaml(text)
+    return _parse(text)

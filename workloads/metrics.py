@@ -50,6 +50,7 @@ class MetricSink:
         self._buffer: list = []
         self._last_step: dict[str, int] = {}
         self._spill = Path(spill_dir or tempfile.gettempdir()) / f"cemlab-metrics-{run_id}.jsonl"
+        self._n_spilled = sum(1 for _ in self._spilled()) if self.run_id else 0
         self._client = None
         if self.run_id:
             # Imported here: workloads must import without mlflow.
@@ -92,7 +93,7 @@ class MetricSink:
     @property
     def pending(self) -> int:
         """Points not sent yet (in memory and spilled)."""
-        return len(self._buffer) + sum(1 for _ in self._spilled())
+        return len(self._buffer) + self._n_spilled
 
     def flush(self, deadline_s: float = 0.0) -> bool:
         """Send every pending point, spilled ones first; True when none is left.
@@ -151,6 +152,7 @@ class MetricSink:
         if batch:
             self._client.log_batch(self.run_id, metrics=batch)
         self._spill.unlink(missing_ok=True)
+        self._n_spilled = 0
         if self._buffer:
             self._client.log_batch(self.run_id, metrics=self._buffer)
             self._buffer = []
@@ -159,6 +161,7 @@ class MetricSink:
         self._spill.parent.mkdir(parents=True, exist_ok=True)
         with open(self._spill, "a") as f:
             f.writelines(json.dumps(_as_dict(m)) + "\n" for m in self._buffer)
+        self._n_spilled += len(self._buffer)
         self._buffer = []
 
     def _spilled(self) -> Iterator[dict]:
