@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.analysis import seed_choices
+from orchestrator.analysis import Point, seed_choices
 from orchestrator.claims import CLAIMS, Claim, Comparison
 from orchestrator.ledger import Ledger, Status
 from orchestrator.results import experiment_rows, finished_points, short_metric
@@ -65,6 +66,7 @@ class ClaimResult:
     metric: str  # perplexity, rmse
     effects: tuple[Effect, ...]
     arms: list[dict]  # per (dataset, size, variant): test and chosen LR, mean ± std over seeds
+    incomplete: tuple[str, ...] = ()  # arms and seeds left out: their LR grid is unfinished
 
     @property
     def verdict(self) -> str:
@@ -124,9 +126,27 @@ def paired_effects(comparison: Comparison, tests: dict[str, dict[int, float]]
     return seeds, tuple(effect(s) for s in seeds)
 
 
+def complete_grids(spec: ExperimentSpec, points: list[Point],
+                   ) -> tuple[list[Point], tuple[str, ...]]:
+    """The points of the (dataset, variant, size, seed) groups that have every learning rate
+    of ``spec`` finished, and one line per group left out: an LR chosen on part of the grid
+    is not the one the full grid would choose, so a comparison never uses it."""
+    groups: dict[tuple, list[Point]] = defaultdict(list)
+    for p in points:
+        groups[(p.dataset, p.variant, p.size, p.seed)].append(p)
+    grid = set(spec.learning_rates)
+    kept = [p for ps in groups.values() if {p.lr for p in ps} >= grid for p in ps]
+    left_out = tuple(f"{v}@{s} ({d}) seed {seed}: {len(ps)} of {len(grid)} learning rates "
+                     "finished, left out" for (d, v, s, seed), ps in sorted(groups.items())
+                     if not {p.lr for p in ps} >= grid)
+    return kept, left_out
+
+
 def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
-    """``claim`` measured on the finished trials of ``spec`` in ``ledger``."""
-    choices = seed_choices(finished_points(experiment_rows(spec, ledger)))
+    """``claim`` measured on the finished trials of ``spec`` in ``ledger``, using only the
+    seeds whose learning-rate grid is complete (``complete_grids``)."""
+    points, incomplete = complete_grids(spec, finished_points(experiment_rows(spec, ledger)))
+    choices = seed_choices(points)
     effects, arms = [], []
     for dataset, size in sorted({(d, s) for d, _, s in choices}):
         tests = {v: {seed: c.test for seed, c in by_seed.items()}
@@ -142,7 +162,7 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
                 ci = confidence_interval(list(per_seed))
                 effects.append(Effect(comparison, dataset, size, seeds, per_seed, ci,
                                       verdict(comparison, ci)))
-    return ClaimResult(claim, spec, short_metric(spec), tuple(effects), arms)
+    return ClaimResult(claim, spec, short_metric(spec), tuple(effects), arms, incomplete)
 
 
 def claim_spec_path(directory: Path, claim: Claim, scale: str = "cpu") -> Path:
@@ -235,7 +255,9 @@ def markdown(results: list[ClaimResult], scale: str, directory: str) -> str:
     for r in results:
         lines += [f"## ({r.claim.key}) {r.claim.title}", "",
                   f"> {r.claim.quote} ({r.claim.source})", "",
-                  f"Spec `{r.spec.name}`; verdict **{r.verdict}**.", ""]
+                  f"Spec `{r.spec.name}`; verdict **{r.verdict}**.", "",
+                  *[f"- Incomplete: {line}." for line in r.incomplete],
+                  *([""] if r.incomplete else [])]
         if not r.effects:
             lines += [f"No finished trials yet: `python -m orchestrator run "
                       f"{directory.rstrip('/')}/{r.spec.name}.yaml`.", ""]

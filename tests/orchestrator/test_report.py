@@ -105,6 +105,16 @@ def test_effects_are_paired_by_seed_at_the_lr_chosen_on_validation(tmp_path):
         ledger.update_trial(row.id, status=Status.FAILED)
     assert evaluate(claim, spec, ledger).effects[0].seeds == (1, 2)
     assert len(missing_trials(spec, ledger)) == 3
+    # A seed whose grid is part-finished is left out too, and said: on LRs {0.001, 0.002}
+    # alone, the optimum would sit at the edge 0.002 and be compared as if chosen on the grid.
+    cem_seed_1 = [r for r in ledger.trials(1) if r.variant == "cem-attn" and r.seed == 1]
+    ledger.update_trial(cem_seed_1[-1].id, status=Status.RUNNING)  # LR 0.004 not finished
+    partial = evaluate(claim, spec, ledger)
+    assert partial.effects[0].seeds == (2,)
+    assert partial.incomplete == ("cem-attn@nano (shakespeare) seed 1: 2 of 3 learning rates "
+                                  "finished, left out",)
+    path = write_report([partial], tmp_path / "out", "cpu", "experiments/paper/")
+    assert "- Incomplete: cem-attn@nano (shakespeare) seed 1: 2 of 3" in path.read_text()
 
 
 def test_the_report_and_its_figures_are_written(tmp_path):
