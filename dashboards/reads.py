@@ -23,7 +23,7 @@ def trial_statuses(experiment_name: str) -> dict[str, str]:
     from orchestrator.ledger import Ledger
     from orchestrator.settings import Settings
 
-    ledger = Ledger(Settings().ledger_url, migrate=False)
+    ledger = Ledger(Settings().ledger_url, migrate=False, retry_deadline_s=5)  # a page waits
     exp = ledger.experiment(experiment_name)
     return {r.mlflow_run_id: str(r.status) for r in (ledger.trials(exp.id) if exp else [])
             if r.mlflow_run_id}

@@ -45,14 +45,17 @@ def driver_resources() -> dict[str, float]:
 @dataclass(frozen=True)
 class Task:
     """One pending trial of experiment ``experiment`` for ``trial_driver``: its ``Job``, its
-    ledger row, where the ledger is, and the storage root its checkpoints go to (the same trial
-    in two experiments keeps two runs: each resumes only its own)."""
+    ledger row, where the ledger is, the storage root its checkpoints go to (the same trial
+    in two experiments keeps two runs: each resumes only its own), and the lease it is trained
+    under (``owner``, renewed for ``lease_s`` seconds)."""
 
     job: Job
     experiment: str
     row_id: int
     ledger_url: str
     storage: StorageRoot
+    owner: str
+    lease_s: float
 
     @property
     def name(self) -> str:
@@ -79,7 +82,7 @@ def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, statu
 
 def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     """Tune trainable: train ``tasks[config["trial_id"]]`` with Ray Train, recording it in the
-    ledger (and so in MLflow).
+    ledger (and so in MLflow), if its submission still holds the trial's lease.
 
     Raises:
         ray.train.TrainingFailedError: the Train run failed (after marking the trial FAILED).
@@ -87,6 +90,11 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     task = tasks[config["trial_id"]]
     job, r = task.job, task.job.trial.resources
     ledger, client = Ledger(task.ledger_url), MlflowClient(job.tracking_uri)
+    lease = ledger.acquire(task.row_id, task.owner, task.lease_s)
+    if not lease.acquired:  # lost while it waited for a slot (a heartbeat-less lapse)
+        print(f"[cemlab] {job.trial.label}: its lease is now {lease.owner}'s: not trained here",
+              flush=True)
+        return
     record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
            checkpoint_path=task.uri())
     trainer = TorchTrainer(

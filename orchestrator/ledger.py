@@ -7,6 +7,24 @@ experiment and trial hash) holds its single MLflow run id, and a finished row is
 It is the single source of a trial's status, a ``Status`` (stored as its upper-case name in a
 VARCHAR(16) column).
 
+Leases
+------
+A submission trains a trial only while it holds the trial's lease (``acquire``): its owner id,
+the time of its last heartbeat and an expiry, taken under a row lock (``SELECT ... FOR UPDATE
+SKIP LOCKED`` on PostgreSQL, so that a second claimer never waits on the first; the database's
+single write lock, ``BEGIN IMMEDIATE``, on SQLite). A holder renews its leases while it runs
+(``renew``); a finished or failed trial's lease is released with its status; the lease of an
+owner that died is taken over once it has expired. Expiry is compared with the claimer's clock
+(UTC): hosts must agree to well within a lease (seconds, against the default 120 s).
+
+Database outages
+----------------
+Every ledger call retries a database that does not answer (connection refused or lost, SQLite
+busy), with exponential backoff from 0.5 s to 30 s, for up to ``retry_deadline_s`` (default
+300 s), then raises ``LedgerUnavailable`` in one line (the URL's password masked). A retried
+call is safe: each is one transaction, and each is idempotent (a retry of one whose commit
+went through, but whose answer was lost, finds its own work done).
+
 Schema migrations
 -----------------
 The schema is versioned by Alembic, with the migrations in ``orchestrator/migrations/``
@@ -40,8 +58,11 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import functools
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,14 +81,19 @@ from sqlalchemy import (
     inspect,
     select,
     text,
+    update,
 )
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 if TYPE_CHECKING:  # alembic is imported by Ledger(url), not on importing this module
     from alembic.config import Config
 
+log = logging.getLogger(__name__)
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+RETRY_DEADLINE_S = 300.0  # how long a ledger call retries a database that does not answer
 VERSION_TABLE = "cemlab_alembic_version"
 TABLE_PREFIX = "cemlab_"
 FIRST_REVISION = "0001"  # the schema of the ledgers created by ``create_all``, before Alembic
@@ -102,7 +128,8 @@ class StatusType(TypeDecorator):
         return Status
 
 
-def _now() -> dt.datetime:
+def utc_now() -> dt.datetime:
+    """Now in UTC, naive (as the ledger's DateTime columns store it)."""
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
@@ -120,8 +147,8 @@ class ExperimentRow(Base):
     spec_yaml: Mapped[str] = mapped_column(Text)
     mlflow_experiment_id: Mapped[str | None] = mapped_column(String(64))
     parent_run_id: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now, onupdate=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utc_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utc_now, onupdate=utc_now)
 
 
 class TrialRow(Base):
@@ -143,10 +170,27 @@ class TrialRow(Base):
     metric: Mapped[float | None] = mapped_column(Float)  # the workload's test metric when done
     val_metric: Mapped[float | None] = mapped_column(Float)  # its validation metric (selection)
     error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utc_now)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now, onupdate=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utc_now, onupdate=utc_now)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))  # the submission training it
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime)  # its owner's last renewal
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What ``Ledger.acquire`` found: whether the caller now holds the trial's lease, who holds
+    it (``owner``, until ``expires_at``, UTC), the trial's status, and ``previous_owner`` when
+    the caller took over a lease that had expired. ``owner`` is None when another claimer had
+    the row locked at that instant (PostgreSQL)."""
+
+    acquired: bool
+    status: Status | None
+    owner: str | None
+    expires_at: dt.datetime | None
+    previous_owner: str | None = None
 
 
 def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
@@ -225,6 +269,55 @@ def upgrade(engine: Engine) -> None:
         command.upgrade(alembic_config(conn), "head")
 
 
+class LedgerUnavailable(RuntimeError):
+    """The ledger database did not answer within the retry deadline."""
+
+
+def _transient(e: OperationalError) -> bool:
+    """Whether ``e`` is a database that does not answer now (worth retrying), not a mistake
+    in the statement or the URL: on SQLite only a busy or unopenable file, elsewhere any
+    operational error (connection refused, lost, the server shutting down) but a refused
+    password, an unknown database or a missing permission."""
+    if e.connection_invalidated:
+        return True
+    message = str(e.orig).lower()
+    if "sqlite" in type(e.orig).__module__:
+        return any(m in message for m in ("locked", "busy", "unable to open", "disk i/o"))
+    return not any(m in message for m in ("authentication failed", "does not exist",
+                                          "permission denied"))
+
+
+def retrying(method):
+    """Run the ``Ledger`` method ``method`` again while its database does not answer
+    (``_transient``), with exponential backoff, until ``self.retry_deadline_s``.
+
+    Raises:
+        LedgerUnavailable: past the deadline, in one line naming the URL (password masked).
+    """
+
+    @functools.wraps(method)
+    def call(self: Ledger, *args, **kwargs):
+        start, delay = time.monotonic(), 0.5
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except OperationalError as e:
+                if not _transient(e):
+                    raise
+                reason = (str(e.orig).strip().splitlines() or [type(e.orig).__name__])[0]
+                waited = time.monotonic() - start
+                if waited + delay > self.retry_deadline_s:
+                    raise LedgerUnavailable(
+                        f"ledger database {self.shown_url} did not answer for {waited:.0f} s "
+                        f"({method.__name__}): {reason}") from None
+                log.warning("ledger database %s: %s; retrying %s in %.1f s", self.shown_url,
+                            reason, method.__name__, delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 30.0)
+
+    return call
+
+
 def _missing_sqlite_file(url: URL) -> bool:
     """Whether ``url`` names a SQLite file that does not exist (connecting would create it)."""
     if url.get_backend_name() != "sqlite" or url.query.get("uri"):
@@ -240,19 +333,31 @@ class Ledger:
     return no experiment or trial while its tables do not exist (a read-only viewer such as
     the dashboard, which must not create or migrate the ledger of a running experiment).
 
+    Every method retries a database that does not answer for up to ``retry_deadline_s``
+    (``retrying``).
+
     Raises:
         sqlalchemy.exc.ArgumentError: an unparseable URL.
-        sqlalchemy.exc.OperationalError: the database cannot be reached (with ``migrate``;
-            else at the first read).
+        LedgerUnavailable: the database did not answer within ``retry_deadline_s`` (with
+            ``migrate``; else at the first read).
+        sqlalchemy.exc.OperationalError: it refused the URL (password, database name).
     """
 
-    def __init__(self, url: str, *, migrate: bool = True) -> None:
+    def __init__(self, url: str, *, migrate: bool = True,
+                 retry_deadline_s: float = RETRY_DEADLINE_S) -> None:
         connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
-        self.engine = create_engine(url, connect_args=connect_args)
+        # pre-ping: a connection pooled before a database restart is replaced, not used
+        self.engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+        self.shown_url = self.engine.url.render_as_string(hide_password=True)
+        self.retry_deadline_s = retry_deadline_s
         self._tables_exist = False
         if migrate:
-            upgrade(self.engine)
+            self._upgrade()
             self._tables_exist = True
+
+    @retrying
+    def _upgrade(self) -> None:
+        upgrade(self.engine)
 
     def _has_tables(self) -> bool:
         """Whether the ledger's tables exist (checked until they do; they are never dropped)."""
@@ -268,20 +373,30 @@ class Ledger:
         with Session(self.engine, expire_on_commit=False) as s, s.begin():
             yield s
 
+    @retrying
     def experiments(self) -> list[ExperimentRow]:
         if not self._has_tables():
             return []
         with self.session() as s:
             return list(s.scalars(select(ExperimentRow).order_by(ExperimentRow.id)))
 
+    @retrying
     def experiment(self, name: str) -> ExperimentRow | None:
         if not self._has_tables():
             return None
         with self.session() as s:
             return s.scalar(select(ExperimentRow).where(ExperimentRow.name == name))
 
+    @retrying
     def ensure_experiment(self, name: str, workload: str, spec_yaml: str) -> ExperimentRow:
-        """The experiment row ``name``, created (or its spec text updated) in one transaction."""
+        """The experiment row ``name``, created (or its spec text updated) in one transaction;
+        a submission racing another to create it gets the winner's row."""
+        try:
+            return self._ensure_experiment(name, workload, spec_yaml)
+        except IntegrityError:  # created by a concurrent submission since we looked
+            return self._ensure_experiment(name, workload, spec_yaml)
+
+    def _ensure_experiment(self, name: str, workload: str, spec_yaml: str) -> ExperimentRow:
         with self.session() as s:
             row = s.scalar(select(ExperimentRow).where(ExperimentRow.name == name))
             if row is None:
@@ -292,12 +407,14 @@ class Ledger:
             s.flush()
             return row
 
+    @retrying
     def update_experiment(self, experiment_id: int, **fields) -> None:
         with self.session() as s:
             row = s.get(ExperimentRow, experiment_id)
             for k, v in fields.items():
                 setattr(row, k, v)
 
+    @retrying
     def trials(self, experiment_id: int) -> list[TrialRow]:
         if not self._has_tables():
             return []
@@ -305,8 +422,27 @@ class Ledger:
             return list(s.scalars(select(TrialRow).where(TrialRow.experiment_id == experiment_id)
                                   .order_by(TrialRow.id)))
 
+    @retrying
+    def set_parent_run(self, experiment_id: int, run_id: str) -> str:
+        """Make ``run_id`` the experiment's parent run unless it already has one; returns the
+        parent run it has (compare-and-set: of two submissions creating one at once, the first
+        to record it wins, and the other finds it here)."""
+        with self.session() as s:
+            s.execute(update(ExperimentRow).where(ExperimentRow.id == experiment_id,
+                                                  ExperimentRow.parent_run_id.is_(None))
+                      .values(parent_run_id=run_id))
+            return s.get(ExperimentRow, experiment_id).parent_run_id
+
+    @retrying
     def ensure_trial(self, experiment_id: int, trial_hash: str, **coords) -> TrialRow:
-        """The row of trial ``trial_hash``, inserted as PENDING with ``coords`` if new."""
+        """The row of trial ``trial_hash``, inserted as PENDING with ``coords`` if new (a
+        concurrent submission's insert of the same trial wins, and its row is returned)."""
+        try:
+            return self._ensure_trial(experiment_id, trial_hash, **coords)
+        except IntegrityError:
+            return self._ensure_trial(experiment_id, trial_hash, **coords)
+
+    def _ensure_trial(self, experiment_id: int, trial_hash: str, **coords) -> TrialRow:
         with self.session() as s:
             row = s.scalar(select(TrialRow).where(TrialRow.experiment_id == experiment_id,
                                                   TrialRow.trial_hash == trial_hash))
@@ -316,6 +452,7 @@ class Ledger:
                 s.flush()
             return row
 
+    @retrying
     def update_trial(self, row_id: int, **fields) -> TrialRow:
         """Set ``fields`` of trial row ``row_id``; ``status`` (a ``Status`` or its value)
         stamps started/finished times.
@@ -330,12 +467,59 @@ class Ledger:
                 raise ValueError(f"status must be one of {', '.join(Status)}, "
                                  f"got {fields['status']!r}") from None
             if status is Status.RUNNING:
-                fields.setdefault("started_at", _now())
+                fields.setdefault("started_at", utc_now())
                 fields.setdefault("finished_at", None)
-            elif status in (Status.FINISHED, Status.FAILED):
-                fields.setdefault("finished_at", _now())
+            elif status in (Status.FINISHED, Status.FAILED):  # settled: nobody holds it now
+                fields.setdefault("finished_at", utc_now())
+                fields.update(lease_owner=None, heartbeat_at=None, lease_expires_at=None)
         with self.session() as s:
             row = s.get(TrialRow, row_id)
             for k, v in fields.items():
                 setattr(row, k, v)
             return row
+
+    @retrying
+    def acquire(self, row_id: int, owner: str, lease_s: float) -> Lease:
+        """Take (or renew) the lease of trial row ``row_id`` for ``owner`` for ``lease_s``
+        seconds, unless the trial is FINISHED, another owner's lease has not expired, or (on
+        PostgreSQL) another claimer holds the row's lock right now. One short transaction
+        under a row lock: of two claimers at once, exactly one acquires."""
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "sqlite" and conn.dialect.driver == "pysqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # the single writer, from the read on
+            query = select(TrialRow.status, TrialRow.lease_owner,
+                           TrialRow.lease_expires_at).where(TrialRow.id == row_id)
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update(skip_locked=True)
+            row = conn.execute(query).one_or_none()
+            if row is None:  # locked by a concurrent claimer: it decides
+                return Lease(False, None, None, None)
+            status = Status(row.status) if row.status else None
+            now = utc_now()
+            held = (row.lease_owner not in (None, owner) and row.lease_expires_at is not None
+                    and row.lease_expires_at > now)
+            if status is Status.FINISHED or held:
+                return Lease(False, status, row.lease_owner, row.lease_expires_at)
+            expires = now + dt.timedelta(seconds=lease_s)
+            conn.execute(update(TrialRow).where(TrialRow.id == row_id).values(
+                lease_owner=owner, heartbeat_at=now, lease_expires_at=expires))
+            previous = row.lease_owner if row.lease_owner not in (None, owner) else None
+            return Lease(True, status, owner, expires, previous)
+
+    @retrying
+    def renew(self, owner: str, lease_s: float) -> int:
+        """Extend every lease ``owner`` holds by ``lease_s`` seconds from now (its heartbeat);
+        returns how many it holds."""
+        now = utc_now()
+        with self.session() as s:
+            return s.execute(update(TrialRow).where(TrialRow.lease_owner == owner).values(
+                heartbeat_at=now, lease_expires_at=now + dt.timedelta(seconds=lease_s)),
+            ).rowcount
+
+    @retrying
+    def release(self, owner: str) -> int:
+        """Give up every lease ``owner`` still holds (a submission that stops with trials it
+        claimed but never settled); returns how many."""
+        with self.session() as s:
+            return s.execute(update(TrialRow).where(TrialRow.lease_owner == owner).values(
+                lease_owner=None, heartbeat_at=None, lease_expires_at=None)).rowcount

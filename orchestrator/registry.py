@@ -50,8 +50,12 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
         if current is not None and float(current.tags.get("val_perplexity", "inf")) <= val:
             continue
         if current is None and not client.search_registered_models(f"name = '{name}'"):
-            client.create_registered_model(name, description=f"Best {variant} at size {size} "
-                                           "by validation perplexity (CEM Lab)")
+            try:
+                client.create_registered_model(name, description=f"Best {variant} at size "
+                                               f"{size} by validation perplexity (CEM Lab)")
+            except MlflowException as e:  # a concurrent submission registered it first
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
         tags = {"trial_id": t.trial_id, "val_perplexity": repr(val),
                 "test_perplexity": repr(test), "experiment": experiment,
                 "variant": variant, "size": size, "lr": repr(t.lr), "seed": str(t.seed),
@@ -59,12 +63,26 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
                 "params_non_embedding": str(t.params["non_embedding"]),
                 "tokens": str(t.tokens), "data": t.config.model_dump_json(),
                 "context_length": str(t.model.context_length)}
-        version = client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id,
-                                              tags=tags)
+        client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id, tags=tags)
+        version = _first_version_of_run(client, name, run_id)
         client.set_registered_model_alias(name, ALIAS, version.version)
         done.append(f"{name}@{ALIAS} -> version {version.version} ({t.label}, validation "
                     f"perplexity {val:.2f}, test {test:.2f})")
     return done
+
+
+def _first_version_of_run(client: MlflowClient, name: str, run_id: str):
+    """The oldest version of model ``name`` made from run ``run_id``, after deleting the later
+    ones: two submissions that registered the same run at once both keep the oldest."""
+    first, *later = sorted(client.search_model_versions(
+        f"name = '{name}' and run_id = '{run_id}'"), key=lambda v: int(v.version))
+    for v in later:
+        try:
+            client.delete_model_version(name, v.version)
+        except MlflowException as e:  # the other submission deleted it first
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+    return first
 
 
 def _alias_version(client: MlflowClient, name: str):

@@ -4,8 +4,12 @@
    host-only crosses to another node (``check_reach``); nothing starts otherwise.
 1. ``prepare``: the workload prepares its data; the plan is computed once from it.
 2. ``open_books``: the ledger's experiment row and the MLflow experiment and parent run.
-3. ``claim``: a ledger row and one MLflow run per trial; finished trials are skipped.
-4. ``launch``: Ray Tune runs the unfinished trials (each a Ray Train run).
+3. ``claim``: a ledger row per trial, and for each unfinished one that no other live
+   submission holds, its lease and its one MLflow run; finished trials are skipped.
+4. ``launch``: Ray Tune runs the claimed trials (each a Ray Train run); then ``claim`` and
+   ``launch`` again whatever another submission held until its lease lapsed, waiting for the
+   rest to settle there (``leases.wait_for_holders``). A heartbeat keeps this submission's
+   leases alive meanwhile.
 5. ``analyse``: the ledger's rows of this plan, Akima optima stored on the parent run.
 6. ``report``: the results table and the optima, printed.
 7. ``register``: the best model per (variant, size) into the MLflow registry.
@@ -24,7 +28,7 @@ import ray
 from mlflow import MlflowClient
 
 from orchestrator import launch as tune
-from orchestrator import tracking
+from orchestrator import leases, tracking
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.plan import concurrency, format_plan, plan
 from orchestrator.registry import register_best
@@ -135,23 +139,42 @@ def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Book
     client = MlflowClient(settings.tracking_uri)
     exp = ledger.ensure_experiment(spec.name, spec.workload, spec_yaml)
     exp_id = tracking.experiment_id(client, spec.name)
-    parent = exp.parent_run_id or tracking.start_parent_run(client, exp_id, spec, spec_yaml)
-    ledger.update_experiment(exp.id, mlflow_experiment_id=exp_id, parent_run_id=parent)
+    parent = exp.parent_run_id
+    if not parent:  # two submissions may both get here: the first to record its run wins
+        created = tracking.start_parent_run(client, exp_id, spec, spec_yaml)
+        parent = ledger.set_parent_run(exp.id, created)
+        if parent != created:
+            client.delete_run(created)
+    ledger.update_experiment(exp.id, mlflow_experiment_id=exp_id)
     tracking.mirror_status(client, parent, Status.RUNNING)
     return Books(settings, ledger, client, spec.name, exp.id, exp_id, parent)
 
 
-def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Task]:
-    """A ledger row and one MLflow run per trial (never two, even after a crash between
-    creating the run and recording it); the unfinished trials as Tune tasks."""
-    tasks = []
+def claim(trials: list[Trial], prepared: Prepared, books: Books, owner: str,
+          ) -> tuple[list[tune.Task], list[Trial]]:
+    """A ledger row per trial; for each unfinished trial whose lease ``owner`` gets (no other
+    live submission holds it), one MLflow run (never two, even after a crash between creating
+    the run and recording it) and a Tune task. Returns the tasks, and the trials that another
+    submission holds (each said in one line)."""
+    tasks, held = [], []
     for trial in trials:
         row = books.ledger.ensure_trial(books.experiment_row_id, trial.trial_id,
                                         dataset=trial.dataset, variant=trial.variant,
                                         size=trial.size, lr=trial.lr, seed=trial.seed)
-        if row.status == Status.FINISHED:
+        lease = (None if row.status == Status.FINISHED else
+                 books.ledger.acquire(row.id, owner, books.settings.lease_s))
+        if lease is None or lease.status == Status.FINISHED:
             print(f"[cemlab] {trial.label} ({trial.trial_id}): finished, skipped", flush=True)
             continue
+        if not lease.acquired:
+            until = f" until {lease.expires_at:%H:%M:%S} UTC" if lease.expires_at else ""
+            print(f"[cemlab] {trial.label} ({trial.trial_id}): held by "
+                  f"{lease.owner or 'another submission'}{until}, which trains it", flush=True)
+            held.append(trial)
+            continue
+        taken = f", taken over from {lease.previous_owner}, whose lease expired"
+        print(f"[cemlab] {trial.label} ({trial.trial_id}): claimed by {owner}"
+              f"{taken if lease.previous_owner else ''}", flush=True)
         run_id = row.mlflow_run_id or (
             tracking.find_trial_run(books.client, books.mlflow_experiment_id, trial.trial_id)
             or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
@@ -160,8 +183,8 @@ def claim(trials: list[Trial], prepared: Prepared, books: Books) -> list[tune.Ta
                     mlflow_run_id=run_id)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
         tasks.append(tune.Task(job, books.experiment, row.id, books.settings.ledger_url,
-                               books.settings.storage))
-    return tasks
+                               books.settings.storage, owner, books.settings.lease_s))
+    return tasks, held
 
 
 def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings) -> None:
@@ -226,7 +249,9 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
 
     Exactly once: a trial's ledger row keeps its single MLflow run (nested under the
     experiment's parent run); a finished trial is skipped, an unfinished one resumes from its
-    last Ray Train checkpoint. Failed trials do not stop the others.
+    last Ray Train checkpoint; a trial is trained only under this submission's lease, so a
+    concurrent submission of the same spec trains the others and waits for these (and takes
+    them over if this one dies). Failed trials do not stop the others.
 
     Returns:
         True when every trial of the grid has finished.
@@ -236,7 +261,14 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
     check_services(settings)
     prepared, trials = prepare(spec, settings)
     books = open_books(spec, spec_yaml, settings)
-    launch(spec, claim(trials, prepared, books), settings)
+    owner = leases.owner_id()
+    with leases.Heartbeat(books.ledger, owner, settings.lease_s):
+        pending = trials
+        while pending:
+            tasks, held = claim(pending, prepared, books, owner)
+            launch(spec, tasks, settings)
+            pending = leases.wait_for_holders(books.ledger, books.experiment_row_id, held,
+                                              poll_s=min(5.0, settings.lease_s / 4))
     rows, table = analyse(spec, trials, books)
     report(spec, trials, rows, table, time.perf_counter() - started)
     done = len(rows) == len(trials) and all(r.status == Status.FINISHED for r in rows)

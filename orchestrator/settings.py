@@ -17,7 +17,8 @@ _DATABASES = ("sqlite:", "postgresql", "mysql", "mssql")
 
 class Settings(Paths):
     """``CEMLAB_HOME``, ``CEMLAB_STORAGE`` (+ ``CEMLAB_S3_ENDPOINT_URL``),
-    ``MLFLOW_TRACKING_URI`` and ``CEMLAB_LEDGER_URL``.
+    ``MLFLOW_TRACKING_URI``, ``CEMLAB_LEDGER_URL`` and ``CEMLAB_LEASE_S`` (seconds a trial's
+    lease lasts without a heartbeat: how long a dead submission's trials wait to be taken over).
 
     The storage root (``workloads.storage``) defaults to the home: on a laptop everything stays
     local; on a cluster set ``CEMLAB_STORAGE=s3://bucket/prefix`` so that every node reaches the
@@ -35,6 +36,7 @@ class Settings(Paths):
     storage_uri: str | None = Field(
         None, validation_alias=AliasChoices("CEMLAB_STORAGE", "storage"))
     s3_endpoint_url: str | None = None
+    lease_s: float = Field(120.0, gt=0, le=86400)  # CEMLAB_LEASE_S: a trial lease's life
 
     @property
     def storage(self) -> StorageRoot:

@@ -8,6 +8,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
+from mlflow.exceptions import MlflowException
 
 from orchestrator.ledger import Status
 from orchestrator.spec import ExperimentSpec
@@ -46,7 +47,14 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def experiment_id(client: MlflowClient, name: str) -> str:
     """The id of MLflow experiment ``name``, created if missing."""
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(name)
+    if exp:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException as e:  # a concurrent submission created it since we looked
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,

@@ -139,3 +139,63 @@ def postgres_with_password():
         subprocess.run([*as_user, f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
                        capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of the test's own (initdb into a temporary directory, trust auth, on
+    127.0.0.1 at a free port), which the test may stop and start again: a real outage of a
+    real database, and nobody else's server touched. As root the server runs as ``postgres``
+    (it refuses root)."""
+
+    def __init__(self, directory: Path) -> None:
+        import glob
+        import shutil
+        import subprocess
+
+        bindir = next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)), None)
+        initdb = shutil.which("initdb") or (bindir and f"{bindir}/initdb")
+        if not initdb or not Path(initdb).exists():
+            pytest.skip("no PostgreSQL server binaries (initdb) on this machine")
+        self.pg_ctl = str(Path(initdb).resolve().parent / "pg_ctl")
+        self.user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        directory.mkdir(parents=True, exist_ok=True)
+        if self.user:
+            shutil.chown(directory, "postgres")
+        self.data, self.port = directory / "data", free_port()
+        subprocess.run([*self.user, initdb, "-D", str(self.data), "-A", "trust", "-U",
+                        "postgres"], check=True, capture_output=True, timeout=120)
+        self.options = f"-p {self.port} -k {directory} -c listen_addresses=127.0.0.1"
+        self.log = directory / "server.log"
+        self.url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        import subprocess
+
+        subprocess.run([*self.user, self.pg_ctl, "-D", str(self.data), "-w", *args],
+                       check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._ctl("-o", self.options, "-l", str(self.log), "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "fast", "stop")
+
+
+@pytest.fixture
+def private_postgres():
+    import shutil
+    import subprocess
+    import tempfile
+
+    # Not under pytest's tmp_path: its parents are root's alone, and the server runs as postgres.
+    directory = Path(tempfile.mkdtemp(prefix="cemlab-pg-"))
+    try:
+        server = PrivatePostgres(directory)
+        server.start()
+        yield server
+        try:
+            server.stop()
+        except subprocess.CalledProcessError:
+            pass  # the test left it stopped
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

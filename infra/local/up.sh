@@ -11,6 +11,11 @@
 # holds the address. The storage root (CEMLAB_STORAGE: a path, or s3://bucket/prefix with
 # CEMLAB_S3_ENDPOINT_URL) is passed on to the Ray head, so jobs submitted to it use it; S3
 # credentials are taken from the AWS_* environment of this script and never written to a file.
+# CEMLAB_MLFLOW_AUTH=basic (for a head other hosts reach) serves MLflow's basic-auth app: every
+# request but /health needs a user; the admin's password is CEMLAB_MLFLOW_ADMIN_PASSWORD or one
+# generated into $CEMLAB_HOME/mlflow_admin_password (0600), users live in
+# CEMLAB_MLFLOW_AUTH_DB_URI (default SQLite under $CEMLAB_HOME), and services.env carries the
+# MLFLOW_TRACKING_USERNAME/PASSWORD that clients and the Ray head's workers send.
 # Writes $CEMLAB_HOME/services.env (source it to talk to them) and one PID file per service, so
 # that down.sh stops exactly what this started. Idempotent: running services are left alone.
 set -euo pipefail
@@ -52,8 +57,13 @@ print(free(int(sys.argv[1])) or next((p for p in (free(0) for _ in range(50)) if
 PY
 }
 
-wait_http() {  # url, seconds, name
+wait_http() {  # url, seconds, name[, service whose process must stay alive meanwhile]
   for _ in $(seq 1 "$2"); do
+    if [ -n "${4:-}" ] && ! alive "$4"; then
+      echo "error: $3 exited while starting; the end of $LOGS/$4.log:" >&2
+      tail -n 5 "$LOGS/$4.log" >&2
+      return 1
+    fi
     # Any HTTP answer counts (the Ray dashboard answers 401 without the token).
     if "$PY" - "$1" 2>/dev/null <<'PY'; then return 0; fi
 import sys, urllib.error, urllib.request
@@ -78,6 +88,37 @@ TOKEN="$STATE/ray_auth_token"
 if [ ! -s "$TOKEN" ]; then
   (umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$TOKEN")
 fi
+
+MLFLOW_AUTH=${CEMLAB_MLFLOW_AUTH:-none}
+AUTH_ARGS=()
+case "$MLFLOW_AUTH" in
+  none) ;;
+  basic)
+    ADMIN_PASSWORD_FILE="$STATE/mlflow_admin_password"
+    if [ -n "${CEMLAB_MLFLOW_ADMIN_PASSWORD:-}" ]; then
+      (umask 077 && printf '%s\n' "$CEMLAB_MLFLOW_ADMIN_PASSWORD" > "$ADMIN_PASSWORD_FILE")
+    elif [ ! -s "$ADMIN_PASSWORD_FILE" ]; then  # kept: the auth store knows the admin by it
+      (umask 077 && "$PY" -c "import secrets; print(secrets.token_urlsafe(24))" \
+        > "$ADMIN_PASSWORD_FILE")
+    fi
+    # Owner-only: a PostgreSQL user store's URL carries its password.
+    (umask 077 && cat > "$STATE/mlflow_auth.ini" <<INI
+[mlflow]
+default_permission = READ
+database_uri = ${CEMLAB_MLFLOW_AUTH_DB_URI:-sqlite:///$STATE/mlflow_auth.db}
+admin_username = admin
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+# One server worker: a cached credential check (PBKDF2 per request otherwise) is never stale.
+auth_cache_ttl_seconds = 60
+INI
+)
+    SECRET_KEY_FILE="$STATE/mlflow_flask_secret_key"  # signs the UI's CSRF tokens
+    if [ ! -s "$SECRET_KEY_FILE" ]; then
+      (umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$SECRET_KEY_FILE")
+    fi
+    AUTH_ARGS=(--app-name basic-auth) ;;
+  *) echo "error: CEMLAB_MLFLOW_AUTH must be none or basic, got '$MLFLOW_AUTH'" >&2; exit 2 ;;
+esac
 
 RAY_PORT=$(free_port "${CEMLAB_RAY_PORT:-6380}")
 DASH_PORT=$(free_port "${CEMLAB_RAY_DASHBOARD_PORT:-8265}")
@@ -137,6 +178,12 @@ export CEMLAB_STORAGE="$STORAGE"
 export CEMLAB_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}"
 export PATH="$VENV_BIN:\$PATH"
 ENV
+if [ "$MLFLOW_AUTH" = basic ]; then
+  cat >> "$STATE/services.env.tmp" <<ENV
+export MLFLOW_TRACKING_USERNAME=admin
+export MLFLOW_TRACKING_PASSWORD="$(cat "$ADMIN_PASSWORD_FILE")"
+ENV
+fi
 if [ -n "$LOCAL_ONLY" ]; then
   # Ray resolves 127.0.0.1 to the host's address unless told this node is local-only; a node
   # that joins a cluster with this set panics, so it is written for a loopback head only.
@@ -147,11 +194,20 @@ mv "$STATE/services.env.tmp" "$STATE/services.env"
 source "$STATE/services.env"
 
 echo "starting MLflow tracking server on $MLFLOW_URI (store: ${BACKEND_URI%%://*}, ledger too;" \
-  "artifacts: $ARTIFACTS)"
-MLFLOW_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}" MLFLOW_BACKEND_STORE_URI="$BACKEND_URI" \
-setsid "$VENV_BIN/mlflow" server --host "$BIND" --port "$MLFLOW_PORT" --workers 1 \
-  --artifacts-destination "$ARTIFACTS" --allowed-hosts "$ALLOWED" \
-  > "$LOGS/mlflow.log" 2>&1 < /dev/null &
+  "artifacts: $ARTIFACTS; auth: $MLFLOW_AUTH)"
+(
+  umask 077  # what the server creates (the auth store's password hashes) is owner-only
+  export MLFLOW_S3_ENDPOINT_URL="${CEMLAB_S3_ENDPOINT_URL:-}" MLFLOW_BACKEND_STORE_URI="$BACKEND_URI"
+  if [ "$MLFLOW_AUTH" = basic ]; then
+    export MLFLOW_AUTH_CONFIG_PATH="$STATE/mlflow_auth.ini"
+    export MLFLOW_AUTH_ADMIN_PASSWORD="$MLFLOW_TRACKING_PASSWORD"
+    MLFLOW_FLASK_SERVER_SECRET_KEY=$(cat "$SECRET_KEY_FILE")
+    export MLFLOW_FLASK_SERVER_SECRET_KEY
+  fi
+  exec setsid "$VENV_BIN/mlflow" server --host "$BIND" --port "$MLFLOW_PORT" --workers 1 \
+    --artifacts-destination "$ARTIFACTS" --allowed-hosts "$ALLOWED" \
+    ${AUTH_ARGS[@]+"${AUTH_ARGS[@]}"} > "$LOGS/mlflow.log" 2>&1 < /dev/null
+) &
 echo $! > "$RUN/mlflow.pid"
 
 echo "starting Ray head on $BIND:$RAY_PORT (dashboard http://$BIND:$DASH_PORT, token auth)"
@@ -164,8 +220,8 @@ setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
   > "$LOGS/ray.log" 2>&1 < /dev/null &
 echo $! > "$RUN/ray.pid"
 
-wait_http "$MLFLOW_URI/health" 120 "MLflow"
-wait_http "http://$BIND:$DASH_PORT/api/version" 120 "the Ray dashboard"
+wait_http "$MLFLOW_URI/health" 120 "MLflow" mlflow
+wait_http "http://$BIND:$DASH_PORT/api/version" 120 "the Ray dashboard" ray
 # Jobs are handed to the node's dashboard agent: submitting before it listens fails.
 wait_http "http://$BIND:$AGENT_PORT/" 120 "the Ray dashboard agent"
 echo "services up: source $STATE/services.env"

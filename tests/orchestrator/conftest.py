@@ -1,5 +1,5 @@
 """Local CEM Lab services for the end-to-end tests: a token-authenticated Ray head and an MLflow
-server started by infra/local/up.sh in a temporary CEMLAB_HOME, stopped by down.sh."""
+server (basic auth) started by infra/local/up.sh in a temporary CEMLAB_HOME, stopped by down.sh."""
 
 import os
 import subprocess
@@ -36,7 +36,11 @@ def local_services(home: Path, **extra_env: str):
 
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
-    with local_services(tmp_path_factory.mktemp("cemlab_home")) as started:
+    """The local stack as a cluster head runs it: MLflow behind its basic-auth app."""
+    with local_services(tmp_path_factory.mktemp("cemlab_home"),
+                        CEMLAB_MLFLOW_AUTH="basic") as started, pytest.MonkeyPatch.context() as mp:
+        for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):  # this process's
+            mp.setenv(name, started[1][name])  # MlflowClients log in as the subprocesses do
         yield started
 
 

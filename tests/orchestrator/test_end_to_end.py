@@ -1,7 +1,7 @@
 """End to end: local services, `python -m orchestrator run` on tiny grids.
 
-Starts its own Ray head (token auth) and MLflow server with infra/local/up.sh in a temporary
-CEMLAB_HOME; runs a 2 x 2 learning-rate grid through Ray Tune (2 Ray Train workers and
+Starts its own Ray head (token auth) and MLflow server (basic auth) with infra/local/up.sh in a
+temporary CEMLAB_HOME; runs a 2 x 2 learning-rate grid through Ray Tune (2 Ray Train workers and
 DeepSpeed ZeRO-2 per trial), checks MLflow, the ledger, the Akima results and the registry,
 re-submits through `ray job submit`; kills a run mid-trial and resumes it; runs the GP workload;
 stops the services.
@@ -63,13 +63,20 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     trials = [r for r in runs if r.data.tags["cemlab.role"] == "trial"]
     assert sorted(r.info.run_name for r in trials) == [
         f"{v}@nano lr={lr} seed=0" for v in ("cem", "llama") for lr in (0.004, 0.008)]
-    # The Ray token never reaches MLflow (params, tags, the spec artifact) or the logs.
-    token = (home / "ray_auth_token").read_text().strip()
-    for run in runs:
-        assert token not in json.dumps([run.data.params, run.data.tags])
+    # Neither the Ray token nor MLflow's password reaches MLflow (params, tags, the spec
+    # artifact) or the logs (the driver's, and every Ray and MLflow log of the stack).
+    secrets = [(home / name).read_text().strip()
+               for name in ("ray_auth_token", "mlflow_admin_password")]
+    logs = "".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*")
+                   if p.is_file())
+    logs += "".join(p.read_text(errors="replace") for p in Path("/tmp/ray").rglob("*.log")
+                    if p.is_file() and p.stat().st_size < 2**24)
     spec_artifact = Path(client.download_artifacts(parent.info.run_id, "spec.yaml",
                                                    str(tmp_path))).read_text()
-    assert token not in spec_artifact + proc.stdout + proc.stderr
+    for secret in secrets:
+        for run in runs:
+            assert secret not in json.dumps([run.data.params, run.data.tags])
+        assert secret not in spec_artifact + proc.stdout + proc.stderr + logs
     spec = parse_spec(SPEC)
     steps = 40960 // (16 * 64)
     for run in trials:
@@ -171,7 +178,8 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
     spec_path = write_spec(tmp_path, spec)
     cmd = [sys.executable, "-m", "orchestrator", "run", str(spec_path)]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+                             env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"],
+                                  "CEMLAB_LEASE_S": "30"})  # its lease lapses <= 30 s after death
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
     def checkpoints() -> list[str]:  # those Ray Train has registered for the running trial
@@ -202,6 +210,11 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
     again = orchestrator(env, "run", str(spec_path))
     output = again.stdout + again.stderr
     assert again.returncode == 0, output[-3000:]
+    # The dead driver's lease held the trial until it lapsed; then this submission took it over.
+    held = re.search(r"\): held by (\S+) until .* UTC, which trains it", output)
+    taken = re.search(r"\): claimed by \S+, taken over from (\S+), whose lease expired", output)
+    assert held and taken and held.start() < taken.start(), output[:3000]
+    assert held.group(1) == taken.group(1)  # the dead driver's lease
     assert re.search(rf"{newest.name}.*is corrupt \(sha256 differs from its manifest\); "
                      "trying the previous one", output), output[-3000:]
     resumed = [line for line in output.splitlines() if "resumed from step" in line]
@@ -219,6 +232,93 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
         assert steps == list(range(1, 201)), key
     val_steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "val_loss"))
     assert val_steps == list(range(20, 201, 20))
+
+
+def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(services, tmp_path):
+    import psutil
+
+    home, env = services
+    spec = {**SPEC, "name": "bf16-reference", "variants": {"llama": {}},
+            "learning_rates": [0.004],
+            "training": {**SPEC["training"], "tokens": 100 * 16 * 64, "eval_sequences": 8,
+                         "energy_diagnostics": False, "precision": "bf16"}}
+    reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    spec_path = write_spec(tmp_path, {**spec, "name": "bf16-killed"})
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+
+    def checkpointed() -> bool:  # rank 1 has written a checkpoint of step 40 or later
+        exp = ledger.experiment("bf16-killed")
+        rows = ledger.trials(exp.id) if exp else []
+        if not rows or not rows[0].checkpoint_path:
+            return False
+        manifests = Path(rows[0].checkpoint_path).glob("checkpoint_*/manifest-rank1.json")
+        return any(json.loads(m.read_text())["step"] >= 40 for m in manifests)
+
+    deadline = time.monotonic() + 300
+    while not checkpointed():
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    workers = [p for p in psutil.process_iter(["cmdline"])  # the trial's two ranks
+               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert len(workers) == 2, workers
+    workers[1].kill()  # SIGKILL one training process; the driver and the other rank live on
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == 0, output[-3000:]
+    # In the same submission, from the last checkpoint Ray Train had committed (all ranks).
+    resumed = re.search(r"resumed from step (\d+) ", output)
+    assert resumed and int(resumed.group(1)) in (20, 40, 60, 80), output[-3000:]
+    (killed,) = ledger.trials(ledger.experiment("bf16-killed").id)
+    (uninterrupted,) = ledger.trials(ledger.experiment("bf16-reference").id)
+    assert killed.trial_hash == uninterrupted.trial_hash and killed.status == Status.FINISHED
+    # Bit-identical: data order, RNG states and the LR schedule were all restored.
+    assert (killed.metric, killed.val_metric) == (uninterrupted.metric, uninterrupted.val_metric)
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    for key in ("loss", "lr", "tokens_seen"):  # every step once in the one run
+        steps = sorted(x.step for x in client.get_metric_history(killed.mlflow_run_id, key))
+        assert steps == list(range(1, 101)), key
+
+
+def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tmp_path):
+    home, env = services
+    spec = {**SPEC, "name": "twice", "variants": {"llama": {}}, "seeds": [0, 1],
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
+            "resources": {"num_workers": 1, "cpus_per_worker": 1}}
+    spec_path = write_spec(tmp_path, spec)
+    submit = ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
+              "run", str(spec_path)]
+    jobs = [subprocess.Popen(submit, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [job.communicate(timeout=900)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+    rows = ledger.trials(ledger.experiment("twice").id)
+    ids = {r.trial_hash for r in rows}
+    assert len(ids) == 4 and all(r.status == Status.FINISHED for r in rows)
+    assert all(r.lease_owner is None for r in rows)  # settled trials hold no lease
+    claimed = [set(re.findall(r"\((\w{12})\): claimed by", o)) for o in outputs]
+    assert claimed[0] | claimed[1] == ids and not claimed[0] & claimed[1]  # each by one
+    for out, mine in zip(outputs, claimed, strict=True):  # each said what it left, and why
+        others = set(re.findall(r"\((\w{12})\): (?:held by \S+ until|finished, skipped)", out))
+        assert others == ids - mine, out[-3000:]
+    assert any("which trains it" in o and "waiting for" in o for o in outputs)  # they overlapped
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("twice")
+    runs = client.search_runs([exp.experiment_id])
+    trial_runs = [r for r in runs if r.data.tags.get("cemlab.role") == "trial"]
+    assert len(runs) == 5 and sorted(r.info.run_id for r in trial_runs) == sorted(
+        r.mlflow_run_id for r in rows)  # one parent run, one run per trial
+    for run in trial_runs:  # each trained once: every step logged exactly once
+        steps = sorted(x.step for x in client.get_metric_history(run.info.run_id, "loss"))
+        assert steps == list(range(1, 41)), run.info.run_id
+        versions = client.search_model_versions(
+            f"name = 'cemlab-llama-nano' and run_id = '{run.info.run_id}'")
+        assert len(versions) <= 1  # both submissions register; one version per run stays
 
 
 def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
@@ -264,5 +364,34 @@ def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(
     addresses = {ipaddress.ip_address(c.laddr.ip) for c in listening}
     assert all((getattr(a, "ipv4_mapped", None) or a).is_loopback  # ::ffff:127.0.0.1 too
                for a in addresses), listening
-    for secret in ("ray_auth_token", "services.env"):
+    for secret in ("ray_auth_token", "services.env", "mlflow_admin_password", "mlflow_auth.ini",
+                   "mlflow_auth.db", "mlflow_flask_secret_key"):
         assert (home / secret).stat().st_mode & 0o777 == 0o600, secret
+
+
+def test_the_tracking_server_answers_only_authenticated_requests(services):
+    import base64
+    import urllib.error
+    import urllib.request
+
+    home, env = services
+    uri, password = env["MLFLOW_TRACKING_URI"], env["MLFLOW_TRACKING_PASSWORD"]
+    assert password == (home / "mlflow_admin_password").read_text().strip()
+
+    def status(path: str, user: str | None = None, secret: str = "") -> int:
+        request = urllib.request.Request(f"{uri}{path}")
+        if user:
+            basic = base64.b64encode(f"{user}:{secret}".encode()).decode()
+            request.add_header("Authorization", f"Basic {basic}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    search = "/api/2.0/mlflow/experiments/search?max_results=1"
+    assert status(search) == 401  # no credentials
+    assert status(search, "admin", password + "x") == 401  # a wrong password
+    assert status(search, "intruder", password) == 401  # an unknown user
+    assert status(search, "admin", password) == 200
+    assert status("/health") == 200  # probes and check_tracking need no user

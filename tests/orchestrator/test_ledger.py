@@ -1,7 +1,12 @@
 """The ledger on SQLite and on PostgreSQL: one row per trial, statuses and timestamps, and its
 schema under Alembic (built, adopted, kept apart from MLflow's, opened read-only, raced)."""
 
+import datetime as dt
+import logging
 import multiprocessing
+import re
+import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -13,6 +18,7 @@ from orchestrator.ledger import (
     VERSION_TABLE,
     Base,
     Ledger,
+    LedgerUnavailable,
     Status,
     TrialRow,
     head_revisions,
@@ -108,7 +114,8 @@ def test_a_ledger_made_by_create_all_is_adopted_with_its_rows(url):
     engine = sa.create_engine(url)
     Base.metadata.create_all(engine)  # how the ledger was made before its migrations
     with engine.begin() as c:
-        c.exec_driver_sql("ALTER TABLE cemlab_trials DROP COLUMN val_metric")  # (added by 0002)
+        for column in ("val_metric", "lease_owner", "heartbeat_at", "lease_expires_at"):
+            c.exec_driver_sql(f"ALTER TABLE cemlab_trials DROP COLUMN {column}")  # 0002, 0003
         c.exec_driver_sql("INSERT INTO cemlab_experiments (name, workload, spec_yaml, "
                           "created_at, updated_at) VALUES ('old', 'gp_regression', 'x: 1', "
                           "'2025-01-02 03:04:05', '2025-01-02 03:04:05')")
@@ -184,3 +191,100 @@ def test_processes_opening_a_fresh_ledger_at_once_all_succeed(url):
     assert sorted(e.name for e in Ledger(url).experiments()) == ["e0", "e1", "e2", "e3"]
     assert _query(url, f"SELECT version_num FROM {VERSION_TABLE}") == [
         (rev,) for rev in head_revisions()]
+
+
+def test_a_lease_is_held_renewed_released_and_taken_over_after_expiry(url):
+    ledger = Ledger(url)
+    exp = ledger.ensure_experiment("leases", "language_model", "")
+    row = ledger.ensure_trial(exp.id, "abc123", **COORDS)
+    first = ledger.acquire(row.id, "host-a:1:aa", lease_s=60)
+    assert first.acquired and first.owner == "host-a:1:aa" and first.previous_owner is None
+    assert first.status is Status.PENDING
+    other = ledger.acquire(row.id, "host-b:2:bb", lease_s=60)  # a live lease is not taken
+    assert not other.acquired and (other.owner, other.expires_at) == (first.owner,
+                                                                     first.expires_at)
+    assert ledger.acquire(row.id, "host-a:1:aa", lease_s=60).acquired  # its owner renews
+    assert ledger.renew("host-a:1:aa", lease_s=0.3) == 1  # the heartbeat sets the expiry
+    (seen,) = ledger.trials(exp.id)
+    assert seen.heartbeat_at <= seen.lease_expires_at <= seen.heartbeat_at + dt.timedelta(
+        seconds=0.3)
+    time.sleep(0.4)  # the owner died: its lease lapses and the other takes it over
+    taken = ledger.acquire(row.id, "host-b:2:bb", lease_s=60)
+    assert taken.acquired and taken.previous_owner == "host-a:1:aa"
+    assert ledger.renew("host-a:1:aa", lease_s=60) == 0  # the dead owner holds nothing now
+    done = ledger.update_trial(row.id, status=Status.FINISHED, metric=1.0)
+    assert (done.lease_owner, done.lease_expires_at) == (None, None)  # settled: released
+    finished = ledger.acquire(row.id, "host-c:3:cc", lease_s=60)
+    assert not finished.acquired and finished.status is Status.FINISHED
+    second = ledger.ensure_trial(exp.id, "def456", **COORDS)
+    assert ledger.acquire(second.id, "host-c:3:cc", lease_s=60).acquired
+    assert ledger.release("host-c:3:cc") == 1 and ledger.trials(exp.id)[1].lease_owner is None
+
+
+def test_a_parent_run_is_set_once(url):
+    ledger = Ledger(url)
+    exp = ledger.ensure_experiment("parent", "language_model", "")
+    assert ledger.set_parent_run(exp.id, "run-a") == "run-a"
+    assert ledger.set_parent_run(exp.id, "run-b") == "run-a"  # the loser learns the winner
+    assert ledger.experiment("parent").parent_run_id == "run-a"
+
+
+def _race_for_a_trial(url: str, barrier, owner: str, results) -> None:
+    ledger = Ledger(url)
+    exp = ledger.ensure_experiment("race", "language_model", "")
+    barrier.wait()
+    row = ledger.ensure_trial(exp.id, "abc123", **COORDS)
+    results.put((owner, row.id, ledger.acquire(row.id, owner, lease_s=60).acquired))
+
+
+def test_of_processes_claiming_one_trial_at_once_exactly_one_gets_it(url):
+    Ledger(url).ensure_experiment("race", "language_model", "")
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_race_for_a_trial, args=(url, barrier, f"p{i}", results))
+             for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 6
+    outcomes = [results.get(timeout=5) for _ in procs]
+    assert len({row_id for _, row_id, _ in outcomes}) == 1  # one row for the trial
+    winners = [owner for owner, _, acquired in outcomes if acquired]
+    assert len(winners) == 1
+    (row,) = Ledger(url).trials(Ledger(url).experiment("race").id)
+    assert row.lease_owner == winners[0]
+
+
+def test_a_ledger_call_rides_out_a_database_outage_then_fails_in_one_line_past_its_deadline(
+        private_postgres, caplog):
+    ledger = Ledger(private_postgres.url, retry_deadline_s=120)
+    exp = ledger.ensure_experiment("outage", "language_model", "")
+    row = ledger.ensure_trial(exp.id, "abc123", **COORDS)
+    private_postgres.stop()  # the database goes away for 3 s in the middle of a grid
+    threading.Timer(3.0, private_postgres.start).start()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="orchestrator.ledger"):
+        done = ledger.update_trial(row.id, status=Status.FINISHED, metric=171.5)
+    assert 3.0 <= time.monotonic() - started < 60
+    assert "retrying update_trial" in caplog.text
+    (seen,) = Ledger(private_postgres.url).trials(exp.id)  # written once, after the outage
+    assert (done.metric, seen.status, seen.metric) == (171.5, Status.FINISHED, 171.5)
+
+    private_postgres.stop()  # and now it stays away
+    ledger.retry_deadline_s = 2.0
+    started = time.monotonic()
+    with pytest.raises(LedgerUnavailable) as failure:
+        ledger.trials(exp.id)
+    assert 1.0 <= time.monotonic() - started < 10
+    message = str(failure.value)
+    assert "\n" not in message and re.match(
+        r"ledger database postgresql\+psycopg2://postgres@127\.0\.0\.1:\d+/postgres did not "
+        r"answer for \d s \(trials\): .*", message), message
+
+
+def test_a_refused_database_name_is_not_retried(private_postgres):
+    started = time.monotonic()
+    with pytest.raises(sa.exc.OperationalError, match="does not exist"):
+        Ledger(private_postgres.url.rsplit("/", 1)[0] + "/no_such_db")
+    assert time.monotonic() - started < 10

@@ -1,0 +1,77 @@
+"""A submission's hold on the trials it trains (``Ledger.acquire``): its owner id, the heartbeat
+that keeps its leases alive while it runs, and the wait for trials that another submission
+holds (until they settle, or until a lease expires and the trial can be taken over)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from types import TracebackType
+
+from orchestrator.ledger import Ledger, Status, utc_now
+from workloads.base import Trial
+
+log = logging.getLogger(__name__)
+
+SETTLED = (Status.FINISHED, Status.FAILED)
+
+
+def owner_id() -> str:
+    """This submission's lease owner id: ``<host>:<pid>:<random>`` (unique even when a pid is
+    reused, readable in logs and in the ledger)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Heartbeat:
+    """While the ``with`` block runs, renew every lease of ``owner`` each ``lease_s / 4``
+    seconds (a ledger that does not answer is retried at the next beat, with a warning); on
+    exit, release the leases ``owner`` still holds."""
+
+    def __init__(self, ledger: Ledger, owner: str, lease_s: float) -> None:
+        self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="cemlab-lease-heartbeat",
+                                        daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.lease_s / 4):
+            try:
+                self.ledger.renew(self.owner, self.lease_s)
+            except Exception as e:  # a ledger outage: the lease lives on until it expires
+                log.warning("lease heartbeat of %s failed (%s): retrying in %.0f s", self.owner,
+                            str(e).splitlines()[0], self.lease_s / 4)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.ledger.release(self.owner)
+
+
+def wait_for_holders(ledger: Ledger, experiment_row_id: int, held: list[Trial],
+                     poll_s: float) -> list[Trial]:
+    """Wait while other submissions train ``held``: returns [] once every one of them has
+    settled (FINISHED or FAILED there), or, as soon as one's lease has lapsed (its owner
+    died), the ones still unsettled, to be claimed again."""
+    if not held:
+        return []
+    by_id = {t.trial_id: t for t in held}
+    print(f"[cemlab] waiting for {len(held)} trial(s) that another submission holds",
+          flush=True)
+    while True:
+        rows = [r for r in ledger.trials(experiment_row_id) if r.trial_hash in by_id]
+        open_rows = [r for r in rows if r.status not in SETTLED]
+        if not open_rows:
+            return []
+        now = utc_now()
+        if any(r.lease_expires_at is None or r.lease_expires_at <= now for r in open_rows):
+            return [by_id[r.trial_hash] for r in open_rows]
+        time.sleep(poll_s)
