@@ -27,6 +27,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from orchestrator import tracking
 from orchestrator.ledger import Ledger, Status
 from workloads.base import Job
+from workloads.config import TRIAL_ACTORS_GB
 from workloads.registry import get_workload
 from workloads.storage import StorageRoot
 from workloads.train import run_in_ray
@@ -36,10 +37,12 @@ _TUNE = ("ray_results", "tune")  # Ray Tune's experiment state, one directory pe
 
 
 def driver_resources() -> dict[str, float]:
-    """What Tune reserves for one ``trial_driver``: a token amount of memory (it only waits on
-    its Train run, whose workers hold the CPUs/GPUs) on this node, the one that submitted the
-    grid, so the ledger URL and MLflow client it uses never leave this host."""
-    return {"CPU": 0, "memory": 2**20, f"node:{ray.util.get_node_ip_address()}": 0.001}
+    """What Tune reserves for one ``trial_driver``: no CPU (it only waits on its Train run,
+    whose workers hold the CPUs/GPUs), the host memory of the trial's actors other than its
+    workers (``TRIAL_ACTORS_GB``), on this node, the one that submitted the grid, so the ledger
+    URL and MLflow client it uses never leave this host."""
+    return {"CPU": 0, "memory": TRIAL_ACTORS_GB * 2**30,
+            f"node:{ray.util.get_node_ip_address()}": 0.001}
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,9 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     trainer = TorchTrainer(
         functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
-                                     resources_per_worker={"CPU": r.cpus_per_worker},
+                                     resources_per_worker={
+                                         "CPU": r.cpus_per_worker,
+                                         "memory": r.memory_per_worker_gb * 2**30},
                                      placement_strategy=r.placement_strategy),
         run_config=RunConfig(name=task.name,
                              **ray_storage(task.storage, *_TRIALS, task.experiment),

@@ -68,17 +68,22 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     return trials
 
 
-def capacity() -> tuple[float, float]:
-    """``(CPUs, GPUs)`` that trials can use: the connected Ray cluster's, or, with no Ray
-    connection, this machine's (what a local Ray instance gets)."""
+def capacity() -> tuple[float, float, float]:
+    """``(CPUs, GPUs, GiB of memory)`` that trials can use: the connected Ray cluster's, or,
+    with no Ray connection, this machine's (what a local Ray instance gets: the memory
+    available now, less Ray's object store)."""
     import ray
 
     if ray.is_initialized():
         total = ray.cluster_resources()
-        return total.get("CPU", 0.0), total.get("GPU", 0.0)
+        return total.get("CPU", 0.0), total.get("GPU", 0.0), total.get("memory", 0.0) / 2**30
+    import psutil
     import torch
 
-    return float(os.cpu_count() or 1), float(torch.cuda.device_count())
+    available = psutil.virtual_memory().available
+    object_store = min(0.3 * available, 200 * 2**30)  # Ray's default object store share
+    return (float(os.cpu_count() or 1), float(torch.cuda.device_count()),
+            (available - object_store) / 2**30)
 
 
 def concurrency(spec: ExperimentSpec) -> int:

@@ -89,6 +89,18 @@ def test_micro_batch_and_accumulation_come_from_the_global_batch(batch, micro, w
     assert (plan(spec)[0].micro_batch_size, plan(spec)[0].grad_accum) == expected
 
 
+def test_trials_at_once_are_limited_by_cpus_gpus_and_host_memory():
+    from workloads.config import TRIAL_ACTORS_GB, ResourcesConfig
+
+    r = ResourcesConfig(num_workers=2, cpus_per_worker=1, memory_per_worker_gb=1.5)
+    assert r.memory_gb == pytest.approx(2 * 1.5 + TRIAL_ACTORS_GB)
+    assert r.trials_that_fit(cpus=16) == 8  # memory not counted
+    assert r.trials_that_fit(cpus=16, memory_gb=3 * r.memory_gb + 0.1) == 3
+    assert r.trials_that_fit(cpus=16, memory_gb=0.5) == 1  # one always runs (and waits)
+    gpu = ResourcesConfig(num_workers=2, use_gpu=True)
+    assert gpu.trials_that_fit(cpus=64, gpus=8, memory_gb=1000) == 4
+
+
 def test_calibrated_wall_estimate_and_plan_table():
     spec = parse_spec({**GRID, "sizes": ["nano"], "learning_rates": [0.002], "seeds": [0]})
     trials = plan(spec)
