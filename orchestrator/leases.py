@@ -29,7 +29,7 @@ def owner_id() -> str:
 class Heartbeat:
     """While the ``with`` block runs, renew every lease of ``owner`` each ``lease_s / 4``
     seconds (a ledger that does not answer is retried at the next beat, with a warning); on
-    exit, release the leases ``owner`` still holds."""
+    exit, release the leases ``owner`` still holds (best effort: a lease left behind lapses)."""
 
     def __init__(self, ledger: Ledger, owner: str, lease_s: float) -> None:
         self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
@@ -53,7 +53,11 @@ class Heartbeat:
                  tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join()
-        self.ledger.release(self.owner)
+        try:
+            self.ledger.release(self.owner)
+        except Exception as e:  # best effort: unreleased leases lapse on their own
+            log.warning("could not release the leases of %s (%s): they lapse within %.0f s",
+                        self.owner, str(e).splitlines()[0], self.lease_s)
 
 
 def wait_for_holders(ledger: Ledger, experiment_row_id: int, held: list[Trial],
