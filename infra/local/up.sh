@@ -220,6 +220,8 @@ setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
   > "$LOGS/ray.log" 2>&1 < /dev/null &
 echo $! > "$RUN/ray.pid"
 
+# A service that does not come up takes the others down with it: nothing is left running.
+trap '"$(dirname "${BASH_SOURCE[0]}")/down.sh" >&2' ERR
 wait_http "$MLFLOW_URI/health" 120 "MLflow" mlflow
 wait_http "http://$BIND:$DASH_PORT/api/version" 120 "the Ray dashboard" ray
 # Jobs are handed to the node's dashboard agent: submitting before it listens fails.

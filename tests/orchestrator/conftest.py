@@ -23,7 +23,11 @@ def local_services(home: Path, **extra_env: str):
     env = {**os.environ, "CEMLAB_HOME": str(home), "VENV_BIN": str(Path(sys.executable).parent),
            "CEMLAB_RAY_PORT": "0", "CEMLAB_RAY_DASHBOARD_PORT": "0", "CEMLAB_MLFLOW_PORT": "0",
            "CEMLAB_RAY_CPUS": "2", **extra_env}
-    subprocess.run([str(ROOT / "infra/local/up.sh")], env=env, check=True, timeout=300)
+    try:
+        subprocess.run([str(ROOT / "infra/local/up.sh")], env=env, check=True, timeout=300)
+    except BaseException:
+        subprocess.run([str(ROOT / "infra/local/down.sh")], env=env, timeout=120)
+        raise
     pids = [int((home / "run" / f"{name}.pid").read_text()) for name in ("ray", "mlflow")]
     try:
         yield home, {**os.environ, **extra_env, **read_services_env(home / "services.env")}
