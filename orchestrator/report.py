@@ -135,10 +135,11 @@ def complete_grids(spec: ExperimentSpec, points: list[Point],
     for p in points:
         groups[(p.dataset, p.variant, p.size, p.seed)].append(p)
     grid = set(spec.learning_rates)
-    kept = [p for ps in groups.values() if {p.lr for p in ps} >= grid for p in ps]
+    complete = {key: {p.lr for p in ps} >= grid for key, ps in groups.items()}
+    kept = [p for key, ps in groups.items() if complete[key] for p in ps]
     left_out = tuple(f"{v}@{s} ({d}) seed {seed}: {len(ps)} of {len(grid)} learning rates "
                      "finished, left out" for (d, v, s, seed), ps in sorted(groups.items())
-                     if not {p.lr for p in ps} >= grid)
+                     if not complete[(d, v, s, seed)])
     return kept, left_out
 
 
