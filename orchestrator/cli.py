@@ -37,9 +37,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="docs/results", help="where REPORT.md and figures go")
     p.add_argument("--no-run", action="store_true",
                    help="report what the ledger has; train nothing")
-    p = sub.add_parser("models", help="the model registry: list | show REF | eval REF")
-    p.add_argument("action", choices=["list", "show", "eval"])
-    p.add_argument("ref", nargs="?", help="NAME[@ALIAS] or NAME/VERSION (default alias: best)")
+    p = sub.add_parser("models", help="the model registry: list | show | eval | generate | "
+                       "export")
+    models = p.add_subparsers(dest="action", required=True)
+    models.add_parser("list", help="registered models: best version, perplexities, date")
+    ref = "NAME[@ALIAS] or NAME/VERSION (alias best by default; @latest: the newest)"
+    models.add_parser("show", help="a version's tags and aliases").add_argument("ref", help=ref)
+    m = models.add_parser("eval", help="recompute a version's perplexity; stored on it")
+    m.add_argument("ref", help=ref)
+    m.add_argument("--split", choices=["test", "validation"], default="test",
+                   help="the split to recompute perplexity on (default: test)")
+    m = models.add_parser("generate", help="print a continuation sampled from a version")
+    m.add_argument("ref", help=ref)
+    m.add_argument("prompt", help="the text to continue")
+    m.add_argument("--max-new-tokens", type=int, default=64, help="tokens to sample")
+    m.add_argument("--temperature", type=float, default=0.8,
+                   help="softmax temperature, 0 for greedy (default 0.8)")
+    m.add_argument("--top-k", type=int, default=50,
+                   help="sample among the k most likely tokens, 0 for all (default 50)")
+    m.add_argument("--seed", type=int, default=0, help="sampling seed")
+    m = models.add_parser("export", help="write a version as a Hugging Face directory")
+    m.add_argument("ref", help=ref)
+    m.add_argument("directory", help="the output directory (created)")
+    m.add_argument("--format", choices=["hf"], default="hf",
+                   help="hf: transformers' LlamaForCausalLM (Llama baselines only)")
     return parser
 
 
@@ -48,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "models":
-        if args.action != "list" and not args.ref:
-            parser.error(f"models {args.action} needs a model reference NAME[@ALIAS]")
-        return _models(args.action, args.ref)
+        return _models(args)
     if args.command == "status" and args.spec is None:
         return _status_all()
     if args.command == "report":
@@ -162,7 +181,9 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _models(action: str, ref: str | None) -> int:
+def _models(args: argparse.Namespace) -> int:
+    import tempfile
+
     from mlflow import MlflowClient
 
     from orchestrator import registry
@@ -171,30 +192,67 @@ def _models(action: str, ref: str | None) -> int:
 
     settings = Settings()
     client = MlflowClient(settings.tracking_uri)
-    if action == "list":
+    if args.action == "list":
         rows = registry.list_rows(client)
         print(format_table(rows) if rows else "no registered cemlab models yet")
         return 0
     try:
-        version = registry.resolve(client, ref)
-    except LookupError as e:
+        version = registry.resolve(client, args.ref)
+        if args.action == "show":
+            print(f"{version.name} version {version.version} (run {version.run_id})")
+            aliases = ", ".join(version.aliases) or "-"
+            print(f"aliases: {aliases}\nsource: {version.source}")
+            for k, v in sorted(version.tags.items()):
+                print(f"  {k}: {v}")
+            return 0
+        if args.action == "generate":
+            return _generate(version, settings.tracking_uri, args)
+        if args.action == "export":
+            from orchestrator.hf_export import export_hf
+
+            with tempfile.TemporaryDirectory() as tmp:
+                out = export_hf(registry.download_package(version, settings.tracking_uri, tmp),
+                                args.directory)
+            print(f"wrote {out}: transformers.LlamaForCausalLM.from_pretrained({str(out)!r})")
+            return 0
+        recomputed, registered = registry.evaluate_version(
+            client, version, settings.tracking_uri, settings.data_dir, args.split)
+    except (LookupError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if action == "show":
-        print(f"{version.name} version {version.version} (run {version.run_id})")
-        aliases = ", ".join(version.aliases) or "-"
-        print(f"aliases: {aliases}\nsource: {version.source}")
-        for k, v in sorted(version.tags.items()):
-            print(f"  {k}: {v}")
+    line = (f"{version.name} version {version.version}: {args.split} perplexity "
+            f"{recomputed:.4f} recomputed")
+    if registered is None:
+        print(f"{line} (stored on the version; none was registered)")
         return 0
-    recomputed, registered = registry.evaluate_version(version, settings.tracking_uri,
-                                                       settings.data_dir)
     rel = abs(recomputed - registered) / registered
     ok = rel <= REL_TOLERANCE
-    print(f"{version.name} version {version.version}: test perplexity {recomputed:.4f} "
-          f"recomputed, {registered:.4f} registered, relative difference {rel:.2e} "
+    print(f"{line}, {registered:.4f} registered, relative difference {rel:.2e} "
           f"({'within' if ok else 'OUTSIDE'} {REL_TOLERANCE:g})")
     return 0 if ok else 1
+
+
+def _generate(version, tracking_uri: str, args: argparse.Namespace) -> int:
+    """Print ``args.prompt`` and a continuation sampled from the pyfunc of ``version``.
+
+    Raises:
+        LookupError: a version with no safetensors package (never unpickled).
+    """
+    import tempfile
+
+    import mlflow.pyfunc
+    import pandas as pd
+
+    from orchestrator.registry import download_package
+
+    with tempfile.TemporaryDirectory() as tmp:  # the MLflow model holds the package
+        model = mlflow.pyfunc.load_model(str(download_package(version, tracking_uri, tmp)
+                                             .parent.parent))
+    out = model.predict(pd.DataFrame({"text": [args.prompt]}), params={
+        "task": "generate", "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed})
+    print(args.prompt + out["continuation"][0])
+    return 0
 
 
 if __name__ == "__main__":

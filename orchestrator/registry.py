@@ -1,25 +1,45 @@
-"""The MLflow model registry: the best trial per (variant, size), and evaluating it again.
+"""The MLflow model registry: the best trial per (variant, size), and using it again.
 
-Registered models are named ``cemlab-<variant>-<size>``; alias ``best`` points at the version
-with the lowest validation perplexity (chosen on validation, never on test); tags record its
-trial hash, validation and test perplexity, parameters, tokens, data config and experiment.
+Registered models are named ``cemlab-<variant>-<size>``. Each experiment registers, once, its
+best finished trial per (variant, size), chosen on validation perplexity (never on test): the
+run's ``model`` artifact (a ``workloads.serving`` pyfunc: safetensors weights, config, tokenizer,
+code) plus a model card. Alias ``best`` names the version with the lowest validation perplexity;
+``latest`` (MLflow's built-in ``models:/NAME/latest``, ``NAME@latest`` here) is the newest; tags
+record the trial hash, validation and test perplexity, parameters, tokens, data config and
+experiment.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 
 import mlflow
-import mlflow.pytorch
 import torch
 from mlflow import MlflowClient
+from mlflow.entities.model_registry.model_version_status import ModelVersionStatus
 from mlflow.exceptions import MlflowException
 
+from orchestrator.model_card import model_card
+from orchestrator.tracking import CODE_TAG, COMMIT_TAG
 from workloads.base import Trial
 from workloads.data import CorpusConfig, prepare_corpus
 from workloads.language_model import sequence_nll
+from workloads.serving import CONFIG, PACKAGE, TOKENIZER, WEIGHTS, load_decoder
 
 ALIAS = "best"
+LATEST = "latest"  # MLflow's own: ``models:/NAME/latest`` is the newest version (not an alias)
+CARD = "README.md"
+# What a registered version's source (a run's ``model`` directory) must hold.
+REQUIRED = ("MLmodel", CARD, *(f"artifacts/{PACKAGE}/{f}" for f in (WEIGHTS, CONFIG, TOKENIZER)))
+READY_TIMEOUT_S = 60.0
+
+
+class RegistrationError(RuntimeError):
+    """A model version could not be made whole; it was deleted."""
 
 
 def model_name(variant: str, size: str) -> str:
@@ -29,12 +49,14 @@ def model_name(variant: str, size: str) -> str:
 def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
                   results: dict[str, tuple[str, float, float]]) -> list[str]:
     """Register the best finished trial of every (variant, size), by validation perplexity,
-    unless alias ``best`` already names a version at least as good on validation (so
-    resubmitting registers nothing; a version from before validation was recorded counts as
-    worse).
+    unless its run is registered already (a resubmission registers nothing), so that it is the
+    ``latest``; point ``best`` at the version with the lowest validation perplexity.
 
     ``results`` maps trial ids to ``(mlflow run id, validation perplexity, test perplexity)``.
-    Returns ``name@alias -> version`` lines of what was registered.
+    Returns ``name -> version`` lines of what was registered.
+
+    Raises:
+        RegistrationError: a version whose artifacts are incomplete (deleted again).
     """
     best: dict[tuple[str, str], Trial] = {}
     for t in trials:
@@ -46,16 +68,19 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
     for (variant, size), t in best.items():
         name = model_name(variant, size)
         run_id, val, test = results[t.trial_id]
-        current = _alias_version(client, name)
-        if current is not None and float(current.tags.get("val_perplexity", "inf")) <= val:
+        if _versions(client, name, run_id):
             continue
-        if current is None and not client.search_registered_models(f"name = '{name}'"):
+        if not client.search_registered_models(f"name = '{name}'"):
             try:
                 client.create_registered_model(name, description=f"Best {variant} at size "
                                                f"{size} by validation perplexity (CEM Lab)")
             except MlflowException as e:  # a concurrent submission registered it first
                 if e.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
+        run = client.get_run(run_id)
+        client.log_text(run_id, model_card(name, experiment, t, val, test,
+                                           run.data.tags.get(COMMIT_TAG),
+                                           run.data.tags.get(CODE_TAG)), f"model/{CARD}")
         tags = {"trial_id": t.trial_id, "val_perplexity": repr(val),
                 "test_perplexity": repr(test), "experiment": experiment,
                 "variant": variant, "size": size, "lr": repr(t.lr), "seed": str(t.seed),
@@ -65,17 +90,54 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
                 "context_length": str(t.model.context_length)}
         client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id, tags=tags)
         version = _first_version_of_run(client, name, run_id)
-        client.set_registered_model_alias(name, ALIAS, version.version)
-        done.append(f"{name}@{ALIAS} -> version {version.version} ({t.label}, validation "
-                    f"perplexity {val:.2f}, test {test:.2f})")
+        _check_whole(client, version)
+        best_version = _set_best(client, name)
+        done.append(f"{name} version {version.version} ({t.label}, validation perplexity "
+                    f"{val:.2f}, test {test:.2f}): @{LATEST}; @{ALIAS} -> version "
+                    f"{best_version}")
     return done
+
+
+def _versions(client: MlflowClient, name: str, run_id: str) -> list:
+    return client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+
+
+def _check_whole(client: MlflowClient, version) -> None:
+    """Wait for ``version`` to be READY and check that its source holds every file of
+    ``REQUIRED``; else delete it and raise ``RegistrationError``."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while (status := ModelVersionStatus.from_string(version.status)) == (
+            ModelVersionStatus.PENDING_REGISTRATION) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        version = client.get_model_version(version.name, version.version)
+    present = set()
+    for folder in ("", *{str(Path(f).parent) for f in REQUIRED if "/" in f}):
+        path = f"model/{folder}".rstrip("/")
+        present |= {a.path.removeprefix("model/") for a in client.list_artifacts(
+            version.run_id, path) if not a.is_dir}
+    missing = [f for f in REQUIRED if f not in present]
+    if status == ModelVersionStatus.READY and not missing:
+        return
+    client.delete_model_version(version.name, version.version)
+    why = f"missing {', '.join(missing)}" if missing else f"status {version.status}"
+    raise RegistrationError(f"{version.name} version {version.version} of run "
+                            f"{version.run_id} was incomplete ({why}) and is deleted")
+
+
+def _set_best(client: MlflowClient, name: str) -> str:
+    """Point alias ``best`` at the version of ``name`` with the lowest validation perplexity
+    (the oldest of equals); return its version number."""
+    versions = client.search_model_versions(f"name = '{name}'")
+    best = min(versions, key=lambda v: (float(v.tags.get("val_perplexity", "inf")),
+                                        int(v.version)))
+    client.set_registered_model_alias(name, ALIAS, best.version)
+    return best.version
 
 
 def _first_version_of_run(client: MlflowClient, name: str, run_id: str):
     """The oldest version of model ``name`` made from run ``run_id``, after deleting the later
     ones: two submissions that registered the same run at once both keep the oldest."""
-    first, *later = sorted(client.search_model_versions(
-        f"name = '{name}' and run_id = '{run_id}'"), key=lambda v: int(v.version))
+    first, *later = sorted(_versions(client, name, run_id), key=lambda v: int(v.version))
     for v in later:
         try:
             client.delete_model_version(name, v.version)
@@ -93,7 +155,8 @@ def _alias_version(client: MlflowClient, name: str):
 
 
 def resolve(client: MlflowClient, ref: str):
-    """The model version ``NAME@ALIAS``, ``NAME/VERSION`` or ``NAME`` (its ``best``).
+    """The model version ``NAME@ALIAS``, ``NAME/VERSION`` or ``NAME`` (its ``best``);
+    ``NAME@latest`` and ``NAME/latest`` are the newest version, as in MLflow's URIs.
 
     Raises:
         LookupError: no such model, alias or version (one line).
@@ -101,6 +164,11 @@ def resolve(client: MlflowClient, ref: str):
     name, _, alias = ref.partition("@")
     name, _, version = name.partition("/")
     try:
+        if LATEST in (alias, version):
+            versions = client.search_model_versions(f"name = '{name}'")
+            if not versions:
+                raise MlflowException(f"registered model {name!r} has no version")
+            return client.get_model_version(name, str(max(int(v.version) for v in versions)))
         if version:
             return client.get_model_version(name, version)
         return client.get_model_version_by_alias(name, alias or ALIAS)
@@ -115,29 +183,56 @@ def list_rows(client: MlflowClient) -> list[dict]:
     for m in client.search_registered_models("name LIKE 'cemlab-%'", order_by=["name"]):
         v = _alias_version(client, m.name)
         tags = v.tags if v else {}
-        rows.append({"name": m.name, "best version": v.version if v else None,
+        rows.append({"name": m.name, "best": v.version if v else None,
                      "versions": len(client.search_model_versions(f"name = '{m.name}'")),
-                     "val ppl": float(tags["val_perplexity"]) if "val_perplexity" in tags
-                     else None,
-                     "test ppl": float(tags["test_perplexity"]) if tags else None,
-                     "params": int(tags["params_total"]) if tags else None,
-                     "tokens": int(tags["tokens"]) if tags else None,
-                     "trial": tags.get("trial_id"), "experiment": tags.get("experiment")})
+                     "size": tags.get("size"), "params": _number(tags, "params_total", int),
+                     "tokens": _number(tags, "tokens", int),
+                     "val ppl": _number(tags, "val_perplexity"),
+                     "test ppl": _number(tags, "test_perplexity"),
+                     "registered (UTC)": datetime.fromtimestamp(
+                         v.creation_timestamp / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+                     if v else None,
+                     "experiment": tags.get("experiment")})
     return rows
 
 
-def evaluate_version(version, tracking_uri: str, data_dir, batch_size: int = 8,
-                     ) -> tuple[float, float]:
-    """Load the registered model of ``version``, recompute its test perplexity on the test
-    split of the corpus its tags name, in the dtype it was trained in.
+def _number(tags: dict[str, str], key: str, kind: type = float) -> float | int | None:
+    return kind(tags[key]) if key in tags else None
 
-    Returns ``(recomputed, registered)`` test perplexities.
+
+def download_package(version, tracking_uri: str, directory: str | Path) -> Path:
+    """Download the model of ``version`` into ``directory``; return its package directory
+    (weights, config, tokenizer).
+
+    Raises:
+        LookupError: a version registered before packages (a pickled model): one line.
     """
     mlflow.set_tracking_uri(tracking_uri)  # models:/ URIs resolve through the global client
-    model = mlflow.pytorch.load_model(f"models:/{version.name}/{version.version}",
-                                      map_location="cpu")
+    local = Path(mlflow.artifacts.download_artifacts(
+        f"models:/{version.name}/{version.version}", dst_path=str(directory)))
+    package = local / "artifacts" / PACKAGE
+    if not (package / WEIGHTS).is_file():
+        raise LookupError(f"{version.name} version {version.version} has no safetensors "
+                          "package (registered by an older CEM Lab, as a pickle, which is never "
+                          "loaded): run its experiment again to register one")
+    return package
+
+
+def evaluate_version(client: MlflowClient, version, tracking_uri: str, data_dir,
+                     split: str = "test", batch_size: int = 8) -> tuple[float, float | None]:
+    """Recompute the perplexity of ``version`` on ``split`` of the corpus its tags name, in the
+    dtype it was trained in, and store it on the version (tag ``<split>_perplexity_recomputed``).
+
+    Returns ``(recomputed, registered)`` perplexities; registered is None where the version
+    records none for ``split``.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_decoder(download_package(version, tracking_uri, tmp))
     corpus = prepare_corpus(CorpusConfig.model_validate_json(version.tags["data"]), data_dir)
-    dataset = corpus.dataset("test", int(version.tags["context_length"]))
-    model.eval()
+    dataset = corpus.dataset(split, int(version.tags["context_length"]))
     nll, n = sequence_nll(model, dataset, range(len(dataset)), batch_size, torch.device("cpu"))
-    return math.exp(nll / n), float(version.tags["test_perplexity"])
+    recomputed = math.exp(nll / n)
+    client.set_model_version_tag(version.name, version.version,
+                                 f"{split}_perplexity_recomputed", repr(recomputed))
+    key = {"test": "test_perplexity", "validation": "val_perplexity"}.get(split)
+    return recomputed, float(version.tags[key]) if key in version.tags else None

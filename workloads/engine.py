@@ -120,6 +120,22 @@ class TorchEngine(Engine):
         return copy.deepcopy(self.model)
 
 
+def load_weights_only(path: str, map_location: Any = None) -> Any:
+    """``torch.load`` of a DeepSpeed checkpoint file without unpickling code: tensors, containers
+    and the three plain DeepSpeed types its ZeRO states hold (a loss scaler, the ZeRO stage enum
+    and a fragment address), ZeRO 0 to 3, fp32 and bf16.
+
+    Raises:
+        pickle.UnpicklingError: the file holds anything else (it is not loaded).
+    """
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
 class DeepSpeedEngine(Engine):
     """A DeepSpeed engine (ZeRO ``trial.training.zero_stage``, bf16 or fp32) over
     ``world_size`` ranks of an initialised process group; the client optimizer is torch's AdamW
@@ -135,6 +151,9 @@ class DeepSpeedEngine(Engine):
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(trial.micro_batch_size, trial.grad_accum, world_size,
                                     t.zero_stage, precision, t.grad_clip))
+        # DeepSpeed's own checkpoint engine unpickles (torch.load(weights_only=False)): restore
+        # through a weights-only load instead, nothing but tensors and DeepSpeed's plain types.
+        self.engine.checkpoint_engine.load = load_weights_only
         self.module, self.device, self.zero_stage = self.engine, self.engine.device, t.zero_stage
         self.name = f"DeepSpeed ZeRO-{t.zero_stage}"
 

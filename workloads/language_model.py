@@ -261,5 +261,5 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         session.checkpoint(engine, total_steps, {**final, **test})
         model = engine.full_model(lambda: build_model(cfg))
         if rank == 0:
-            session.log_model(model)
+            session.log_model(model, corpus.tokenizer_path)
         return {**final, **test}

@@ -31,6 +31,7 @@ from workloads.base import Job
 from workloads.checkpoints import newest_good, write_manifest
 from workloads.engine import DeepSpeedEngine, Engine, TorchEngine
 from workloads.metrics import MetricSink
+from workloads.models import DecoderLM
 from workloads.optim import resolve_precision
 from workloads.reach import check_tracking
 
@@ -89,8 +90,8 @@ class Session(ABC):
         """After the train loop: deliver whatever is still buffered, or raise."""
 
     @abstractmethod
-    def log_model(self, model: nn.Module) -> None:
-        """Keep the trained model (rank 0 only calls it)."""
+    def log_model(self, model: DecoderLM, tokenizer_json: str) -> None:
+        """Keep the trained language model with its tokenizer file (rank 0 only calls it)."""
 
 
 FINAL_FLUSH_S = 300.0  # how long a finished trial waits for an unreachable tracking server
@@ -185,9 +186,9 @@ class RaySession(Session):
                                f"{FINAL_FLUSH_S:.0f} s: {self.sink.pending} metric point(s) not "
                                "sent (kept in the last checkpoint)")
 
-    def log_model(self, model: nn.Module) -> None:
+    def log_model(self, model: DecoderLM, tokenizer_json: str) -> None:
         if self.job.run_id:
-            log_torch_model(model, self.job.tracking_uri, self.job.run_id)
+            log_model_package(model, tokenizer_json, self.job.tracking_uri, self.job.run_id)
 
 
 def _newest_first(latest):
@@ -236,20 +237,20 @@ class LocalSession(Session):
     def close(self) -> None:
         pass  # history is in memory: nothing is pending
 
-    def log_model(self, model: nn.Module) -> None:
+    def log_model(self, model: DecoderLM, tokenizer_json: str) -> None:
         pass  # in-process runs keep no model: nothing here tracks it
 
 
-def log_torch_model(model: nn.Module, tracking_uri: str | None, run_id: str) -> None:
-    """Save ``model`` (its training dtype, on the CPU) as an MLflow PyTorch model and upload it
-    as artifact ``model`` of run ``run_id``, without touching the run's status."""
-    import mlflow.pytorch
+def log_model_package(model: DecoderLM, tokenizer_json: str, tracking_uri: str | None,
+                      run_id: str) -> None:
+    """Save ``model`` (its training dtype, on the CPU) with its tokenizer as a CEM Lab pyfunc
+    model (safetensors, no pickle: ``workloads.serving``) and upload it as artifact ``model`` of
+    run ``run_id``, without touching the run's status."""
     from mlflow import MlflowClient
 
-    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)  # pickle notice: our own code
+    from workloads.serving import save_pyfunc
+
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model")
-        # Pickled (the classes come from the installed cemlab), not a traced pt2 graph.
-        mlflow.pytorch.save_model(model.cpu().eval(), path, serialization_format="pickle",
-                                  pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"])
+        save_pyfunc(model.cpu().eval(), tokenizer_json, path)
         MlflowClient(tracking_uri).log_artifacts(run_id, path, "model")

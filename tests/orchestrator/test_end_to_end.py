@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow import MlflowClient
 
 from orchestrator.analysis import akima_optimum
@@ -157,8 +158,46 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     evaluated = orchestrator(env, "models", "eval", "cemlab-cem-nano@best")
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr[-2000:]
     assert "within 0.001" in evaluated.stdout
+    version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
+    recomputed = float(version.tags["test_perplexity_recomputed"])  # stored on the version
+    assert recomputed == pytest.approx(float(version.tags["test_perplexity"]), rel=1e-3)
     listed = orchestrator(env, "models", "list")
     assert "cemlab-llama-nano" in listed.stdout and "cemlab-cem-nano" in listed.stdout
+    assert "registered (UTC)" in listed.stdout and "test ppl" in listed.stdout
+    generated = orchestrator(env, "models", "generate", "cemlab-cem-nano@best", "To be, or not",
+                             "--max-new-tokens", "24", "--seed", "1")
+    assert generated.returncode == 0, generated.stderr[-2000:]
+    sample = generated.stdout  # the prompt and its continuation (which may hold newlines)
+    assert sample.startswith("To be, or not") and len(sample) > len("To be, or not") + 10
+    assert sample == orchestrator(env, "models", "generate", "cemlab-cem-nano@best",
+                                  "To be, or not", "--max-new-tokens", "24",
+                                  "--seed", "1").stdout  # seeded
+    print(f"models generate cemlab-cem-nano@best: {sample!r}")
+    card = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path)))
+    assert version.tags["trial_id"] in card.read_text()
+
+    # A Llama baseline exports to Hugging Face with our logits.
+    import transformers
+
+    from orchestrator.registry import download_package
+    from workloads.serving import load_decoder
+
+    exported = orchestrator(env, "models", "export", "cemlab-llama-nano@best", "--format", "hf",
+                            str(tmp_path / "hf"))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    llama = client.get_model_version_by_alias("cemlab-llama-nano", "best")
+    # The weights as trained (bf16 here), both models computing in fp32: the mapping is exact.
+    ours = load_decoder(download_package(llama, env["MLFLOW_TRACKING_URI"], tmp_path / "dl"),
+                        dtype=torch.float32)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf",
+                                                       dtype=torch.float32).eval()
+    x = torch.randint(512, (2, 64))
+    with torch.no_grad():
+        difference = (ours(x) - hf(x).logits).abs().max().item()
+    print(f"Hugging Face export: max |logits difference| {difference:.2e}")
+    assert difference < 1e-4
+    refused = orchestrator(env, "models", "export", "cemlab-cem-nano@best", str(tmp_path / "c"))
+    assert refused.returncode == 2 and "only Llama baselines" in refused.stderr
 
     # The same spec through the job server: every trial is finished, nothing trains again.
     job = subprocess.run(
@@ -168,6 +207,48 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     assert job.stdout.count("finished, skipped") == 4 and "Ray Tune" not in job.stdout
     assert len(client.search_runs([exp.experiment_id])) == 5
     assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
+
+
+FRESH_VENV = """
+import json, sys
+import mlflow.pyfunc, pandas as pd
+model = mlflow.pyfunc.load_model("models:/cemlab-cem-nano@best")
+scores = model.predict(pd.DataFrame({"text": ["To be, or not to be", "Now is the winter"]}))
+sample = model.predict(pd.DataFrame({"text": ["To be, or not"]}),
+                       params={"task": "generate", "max_new_tokens": 16, "seed": 0})
+print("RESULT " + json.dumps({"scores": scores.to_dict("list"),
+                              "sample": sample["continuation"][0],
+                              "code": sys.modules["workloads.serving"].__file__}))
+"""
+
+
+def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(services, tmp_path):
+    """``mlflow.pyfunc.load_model`` where no CEM Lab is installed or checked out: the venv has
+    the model's pinned requirements only (after the grid test registered the model)."""
+    import venv
+
+    _, env = services
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
+    requirements = Path(client.download_artifacts(version.run_id, "model/requirements.txt",
+                                                  str(tmp_path)))
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "-r", requirements],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    clean = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([python, "-c", FRESH_VENV], cwd=tmp_path, env=clean,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    print(f"fresh venv ({requirements.read_text().split()}): {out}")
+    assert not out["code"].startswith(str(ROOT))  # the model's own copy of the code
+    assert out["scores"]["token_count"][0] > 3 and all(
+        p == pytest.approx(math.exp(n / c)) for n, c, p in zip(
+            out["scores"]["nll"], out["scores"]["token_count"], out["scores"]["perplexity"],
+            strict=True))
+    assert isinstance(out["sample"], str) and out["sample"]
 
 
 def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(services, tmp_path):
@@ -319,6 +400,69 @@ def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tm
         versions = client.search_model_versions(
             f"name = 'cemlab-llama-nano' and run_id = '{run.info.run_id}'")
         assert len(versions) <= 1  # both submissions register; one version per run stays
+
+
+def test_a_60_s_tracking_outage_inside_a_trial_loses_no_metric_point(services, tmp_path):
+    """The MLflow server's process is stopped for 60 s while a trial trains, then started again
+    with its own command line and environment: training goes on, every point arrives once."""
+    import os
+    import urllib.request
+
+    import psutil
+
+    home, env = services
+    spec = {**SPEC, "name": "outage", "variants": {"llama": {}}, "learning_rates": [0.004],
+            "training": {**SPEC["training"], "tokens": 160 * 16 * 64, "eval_sequences": 8,
+                         "energy_diagnostics": False},
+            "resources": {"num_workers": 1, "cpus_per_worker": 1}}
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run",
+                            str(write_spec(tmp_path, spec))], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+
+    def checkpointed_step() -> int:  # the newest step the trial has checkpointed
+        exp = ledger.experiment("outage")
+        rows = ledger.trials(exp.id) if exp else []
+        if not rows or not rows[0].checkpoint_path:
+            return 0
+        manifests = Path(rows[0].checkpoint_path).glob("checkpoint_*/manifest-rank0.json")
+        return max((json.loads(m.read_text())["step"] for m in manifests), default=0)
+
+    deadline = time.monotonic() + 300
+    while checkpointed_step() < 20:
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    pid_file = home / "run" / "mlflow.pid"
+    server = psutil.Process(int(pid_file.read_text()))
+    cmdline, environ, cwd = server.cmdline(), server.environ(), server.cwd()
+    os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server and its workers
+    server.wait(30)
+    stopped, at_stop = time.monotonic(), checkpointed_step()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{env['MLFLOW_TRACKING_URI']}/health", timeout=5)
+    time.sleep(max(0.0, 60 - (time.monotonic() - stopped)))
+    during = checkpointed_step()
+    # Started as up.sh starts it (its own session, not this process's child), so down.sh stops it.
+    launched = subprocess.run(["bash", "-c", 'setsid "$@" >> "$LOG" 2>&1 < /dev/null & echo $!',
+                               "_", *cmdline], env={**environ, "LOG": str(home / "logs" /
+                                                                        "mlflow.log")},
+                              cwd=cwd, capture_output=True, text=True, check=True)
+    pid_file.write_text(launched.stdout)
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == 0, output[-3000:]
+    assert during > at_stop, (at_stop, during)  # training went on while the server was down
+    assert "tracking server unavailable" in output  # the sink kept the points, and said so
+    (row,) = ledger.trials(ledger.experiment("outage").id)
+    assert row.status == Status.FINISHED
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    for key in ("loss", "lr", "tokens_seen"):  # 0 lost, 0 duplicated
+        steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
+        assert steps == list(range(1, 161)), key
+    val_steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "val_loss"))
+    assert val_steps == list(range(20, 161, 20))
+    print(f"outage: stopped at checkpoint step {at_stop}, step {during} checkpointed during the "
+          f"60 s; {3 * 160} step points and {len(val_steps)} validations, each once")
 
 
 def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):

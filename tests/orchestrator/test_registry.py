@@ -1,0 +1,97 @@
+"""The model registry on a real MLflow store (SQLite): one version per run, ``best`` on
+validation and ``latest``, a card, incomplete versions deleted, packages downloaded again."""
+
+import pytest
+import torch
+from mlflow import MlflowClient
+
+from orchestrator import registry, tracking
+from orchestrator.plan import plan
+from orchestrator.spec import parse_spec
+from tests.workloads.test_serving import tokenizer_json, trained_like  # noqa: F401
+from workloads.serving import load_decoder
+from workloads.session import log_model_package
+
+SPEC = {"name": "reg", "data": {"source": "shakespeare", "vocab_size": 320}, "sizes": ["nano"],
+        "variants": {"llama": {}}, "learning_rates": [0.002, 0.004, 0.008],
+        "training": {"tokens": 4096, "batch_size": 8}}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the SQLite store keeps artifacts under ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return uri, MlflowClient(uri)
+
+
+def trial_runs(uri, client, tokenizer_file, name="reg", with_model=True):
+    """One run per trial of a 3-LR grid, each holding a logged package (unless not
+    ``with_model``); returns the trials and their run ids."""
+    spec = parse_spec({**SPEC, "name": name})
+    trials = plan(spec)
+    exp_id = tracking.experiment_id(client, spec.name)
+    parent = tracking.start_parent_run(client, exp_id, spec, "")
+    runs = {}
+    for i, t in enumerate(trials):
+        runs[t.trial_id] = tracking.start_trial_run(client, exp_id, parent, t, {})
+        if with_model:
+            log_model_package(trained_like(t.model, seed=i), str(tokenizer_file), uri,
+                              runs[t.trial_id])
+    return trials, runs
+
+
+def test_registering_keeps_one_version_per_run_best_on_validation_and_latest(
+        store, tokenizer_json, tmp_path):  # noqa: F811
+    uri, client = store
+    trials, runs = trial_runs(uri, client, tokenizer_json)
+    # Validation picks the second trial; the first has the best test perplexity (ignored).
+    results = {t.trial_id: (runs[t.trial_id], val, test)
+               for t, val, test in zip(trials, [30.0, 20.0, 25.0], [10.0, 21.0, 24.0],
+                                       strict=True)}
+    (line,) = registry.register_best(client, "reg", trials, results)
+    assert "version 1" in line and "@best -> version 1" in line
+    v1 = client.get_model_version_by_alias("cemlab-llama-nano", "best")
+    assert v1.run_id == runs[trials[1].trial_id] and v1.aliases == ["best"]
+    assert str(registry.resolve(client, "cemlab-llama-nano@latest").version) == "1"
+    assert v1.tags["val_perplexity"] == "20.0" and v1.tags["trial_id"] == trials[1].trial_id
+    card = client.download_artifacts(v1.run_id, "model/README.md", str(tmp_path))
+    text = open(card).read()
+    for needle in (trials[1].trial_id, "| learning rate | 0.004", "| seed | 0 |",
+                   "| validation perplexity | 20.0000", "| test perplexity | 21.0000",
+                   f"{trials[1].params['total']:,} total", "FLOPs", "git commit", "shakespeare"):
+        assert needle in text, needle
+    # A resubmission registers nothing.
+    assert registry.register_best(client, "reg", trials, results) == []
+    assert len(client.search_model_versions("name = 'cemlab-llama-nano'")) == 1
+
+    # Another experiment's best is worse on validation: it becomes latest, not best.
+    trials2, runs2 = trial_runs(uri, client, tokenizer_json, name="reg2")
+    results2 = {t.trial_id: (runs2[t.trial_id], 40.0 + i, 40.0) for i, t in enumerate(trials2)}
+    (line,) = registry.register_best(client, "reg2", trials2, results2)
+    assert "version 2" in line and "@best -> version 1" in line
+    assert str(registry.resolve(client, "cemlab-llama-nano@latest").version) == "2"
+    assert str(registry.resolve(client, "cemlab-llama-nano/latest").version) == "2"
+    assert str(client.get_model_version_by_alias("cemlab-llama-nano", "best").version) == "1"
+    (row,) = registry.list_rows(client)
+    assert (str(row["best"]), row["versions"], row["size"], row["val ppl"], row["test ppl"]) == (
+        "1", 2, "nano", 20.0, 21.0)
+    assert row["tokens"] == trials[1].tokens and row["registered (UTC)"].startswith("20")
+
+    # The registered package is the model that run logged, bit for bit.
+    package = registry.download_package(v1, uri, tmp_path / "dl")
+    expected = trained_like(trials[1].model, seed=1)
+    loaded = load_decoder(package)
+    assert all(torch.equal(a, b) for a, b in zip(expected.state_dict().values(),
+                                                 loaded.state_dict().values(), strict=True))
+
+
+def test_a_version_without_its_package_is_deleted_not_left_half_made(store, tokenizer_json):  # noqa: F811
+    uri, client = store
+    trials, runs = trial_runs(uri, client, tokenizer_json, with_model=False)
+    results = {t.trial_id: (runs[t.trial_id], 10.0 + i, 10.0) for i, t in enumerate(trials)}
+    with pytest.raises(registry.RegistrationError,
+                       match=r"version 1 .* incomplete \(missing MLmodel, .*model.safetensors"):
+        registry.register_best(client, "reg", trials, results)
+    assert client.search_model_versions("name = 'cemlab-llama-nano'") == []
+    with pytest.raises(LookupError, match="no such registered model version"):
+        registry.resolve(client, "cemlab-llama-nano@best")
