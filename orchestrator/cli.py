@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.results import format_status
 
         print(format_status(spec, rows, len(plan(spec))))
+        _print_time_split(spec.name)
         return 0
     table = optima(spec, rows)
     if not table:
@@ -122,6 +123,24 @@ def main(argv: list[str] | None = None) -> int:
           f"test reported there, experiment '{spec.name}'")
     print(format_optima(table, short_metric(spec)))
     return 0
+
+
+def _print_time_split(experiment: str) -> None:
+    """The experiment's time split from MLflow, or one line on why there is none."""
+    from mlflow import MlflowClient
+
+    from orchestrator.results import format_time_split
+    from orchestrator.settings import Settings
+    from orchestrator.tracking import time_split
+    from workloads.reach import check_tracking
+
+    uri = Settings().tracking_uri
+    try:
+        check_tracking(uri, timeout_s=5)
+    except Exception as e:  # status still answers from the ledger
+        print(f"time split: MLflow unavailable ({str(e).splitlines()[0]})")
+        return
+    print(format_time_split(*time_split(MlflowClient(uri), experiment)))
 
 
 def _status_all() -> int:

@@ -13,6 +13,7 @@ the fallback when the latest does not verify (``workloads.checkpoints``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from workloads.base import Job
 from workloads.config import TRIAL_ACTORS_GB
 from workloads.registry import get_workload
 from workloads.storage import StorageRoot
+from workloads.timing import breakdown
 from workloads.train import run_in_ray
 
 _TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
@@ -100,6 +102,7 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
         return
     record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
            checkpoint_path=task.uri())
+    job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
     trainer = TorchTrainer(
         functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
@@ -117,6 +120,8 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     except Exception as e:
         record(ledger, client, task.row_id, job.run_id, Status.FAILED, error=str(e)[-2000:])
         raise
+    tracking.log_timing(client, job.run_id,
+                        breakdown(result.metrics, job.submitted_at, time.time()))
     workload = get_workload(job.trial.workload)
     record(ledger, client, task.row_id, job.run_id, Status.FINISHED,
            metric=result.metrics[workload.metric],

@@ -103,6 +103,19 @@ def status_counts(rows: list[TrialRow]) -> dict[Status, int]:
     return {s: sum(r.status == s for r in rows) for s in Status}
 
 
+def format_time_split(n_trials: int, seconds: dict[str, float]) -> str:
+    """One line: the share of the trials' wall time spent in train steps, and the seconds of
+    every phase (``workloads.timing``), summed over ``n_trials`` trials."""
+    total = seconds.get("time/total_s", 0.0)
+    if not n_trials or total <= 0:
+        return "time split: no finished trial has logged one yet"
+    parts = ", ".join(f"{name} {seconds.get(f'time/{name}_s', 0.0):,.0f} s"
+                      for name in ("startup", "train", "eval", "checkpoint", "teardown"))
+    return (f"time split of {n_trials} finished trial(s): "
+            f"{seconds.get('time/train_s', 0.0) / total:.0%} in train steps ({parts}; "
+            f"{total:,.0f} s in all)")
+
+
 def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> str:
     """Progress of an experiment: counts by status, then one line per trial."""
     head = (f"experiment {spec.name}: {planned} trial(s) planned, "

@@ -117,6 +117,29 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
     return run.info.run_id
 
 
+def log_timing(client: MlflowClient, run_id: str, seconds: dict[str, float]) -> None:
+    """Log a finished trial's wall-time breakdown (``workloads.timing.breakdown``: seconds per
+    ``time/<phase>_s``) on its run, at step 0."""
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in seconds.items()])
+
+
+def time_split(client: MlflowClient, experiment: str) -> tuple[int, dict[str, float]]:
+    """The number of trial runs of MLflow experiment ``experiment`` that logged a time
+    breakdown, and the sum over them of each ``time/<phase>_s`` (seconds)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return 0, {}
+    runs = client.search_runs([exp.experiment_id], f"tags.`{ROLE_TAG}` = 'trial' and "
+                              "metrics.`time/total_s` >= 0", max_results=50_000)
+    totals: dict[str, float] = {}
+    for run in runs:
+        for k, v in run.data.metrics.items():
+            if k.startswith("time/"):
+                totals[k] = totals.get(k, 0.0) + v
+    return len(runs), totals
+
+
 def mirror_status(client: MlflowClient, run_id: str, status: Status) -> None:
     """Give MLflow run ``run_id`` the status its trial has in the ledger."""
     run_status = RunStatus.to_string(_RUN_STATUS[status])

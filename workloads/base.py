@@ -99,12 +99,15 @@ class Trial:
 @dataclass(frozen=True)
 class Job:
     """One trial as it travels to its Ray Train workers (or runs in-process): the ``Trial``, the
-    prepared data of its workload, and the MLflow run its metrics go to (none in-process)."""
+    prepared data of its workload, the MLflow run its metrics go to (none in-process), and when
+    (UNIX seconds) its driver handed it to Ray Train (``submitted_at``; the start of
+    ``time/startup_s``)."""
 
     trial: Trial
     data: Any = None
     tracking_uri: str | None = None
     run_id: str | None = None
+    submitted_at: float | None = None
 
 
 class Workload(ABC, Generic[C, D]):

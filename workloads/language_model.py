@@ -199,17 +199,18 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         total_steps, device = trial.steps, engine.device
 
         def validate(step: int) -> dict[str, float]:
-            nll, n = evaluate(engine, session, val_set, trial.micro_batch_size,
-                              t.eval_sequences)
-            out = {"val_loss": nll / n, "val_perplexity": math.exp(nll / n)}
-            session.log(out, step)
-            if t.energy_diagnostics:
-                x = torch.stack([val_set[i][0]
-                                 for i in range(min(trial.micro_batch_size, len(val_set)))])
-                model = engine.full_model(lambda: build_model(cfg))
-                model.eval()
-                session.log(energy_diagnostics(model, x.to(device)), step)
-            session.flush()
+            with session.clock.phase("eval"):
+                nll, n = evaluate(engine, session, val_set, trial.micro_batch_size,
+                                  t.eval_sequences)
+                out = {"val_loss": nll / n, "val_perplexity": math.exp(nll / n)}
+                session.log(out, step)
+                if t.energy_diagnostics:
+                    x = torch.stack([val_set[i][0]
+                                     for i in range(min(trial.micro_batch_size, len(val_set)))])
+                    model = engine.full_model(lambda: build_model(cfg))
+                    model.eval()
+                    session.log(energy_diagnostics(model, x.to(device)), step)
+                session.flush()
             return out
 
         session.info("[train] %s attention, %s mlp: %d steps x %d tokens, %d worker(s), %s, %s",
@@ -217,48 +218,54 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                      session.precision)
         start = interval_start = time.perf_counter()
         for step in range(start_step + 1, total_steps + 1):
-            lr = engine.lr()  # the LR this optimizer step uses
-            loss_sum = torch.zeros((), device=device)
-            for _ in range(trial.grad_accum):
-                x, y = next(batches)
-                x, y = x.to(device), y.to(device)
-                logits = engine(x)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                engine.backward(loss)
-                engine.step()
-                loss_sum += loss.detach()
-            session.all_reduce(loss_sum)
-            metrics = {"loss": loss_sum.item() / (trial.grad_accum * world),
-                       "lr": lr, "tokens_seen": step * tokens_per_step}
-            if step % t.log_interval == 0 or step == total_steps:
-                now = time.perf_counter()
-                steps_in_interval = step % t.log_interval or t.log_interval
-                metrics["tokens_per_s"] = (steps_in_interval * tokens_per_step
-                                           / (now - interval_start))
-                metrics["flops_per_s"] = metrics["tokens_per_s"] * flops_per_tok  # achieved
-                interval_start = now
-                eta = (now - start) / (step - start_step) * (total_steps - step)
-                session.info("[train] step %d/%d | loss %.4f | lr %.2e | %s tok/s | eta %.0fs",
-                             step, total_steps, metrics["loss"], metrics["lr"],
-                             f"{metrics['tokens_per_s']:,.0f}", eta)
-            session.log(metrics, step)
-            if "tokens_per_s" in metrics:
-                session.flush()
+            session.clock.first_step()
+            with session.clock.phase("train"):
+                lr = engine.lr()  # the LR this optimizer step uses
+                loss_sum = torch.zeros((), device=device)
+                for _ in range(trial.grad_accum):
+                    x, y = next(batches)
+                    x, y = x.to(device), y.to(device)
+                    logits = engine(x)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                    engine.backward(loss)
+                    engine.step()
+                    loss_sum += loss.detach()
+                session.all_reduce(loss_sum)
+                metrics = {"loss": loss_sum.item() / (trial.grad_accum * world),
+                           "lr": lr, "tokens_seen": step * tokens_per_step}
+                if step % t.log_interval == 0 or step == total_steps:
+                    now = time.perf_counter()
+                    steps_in_interval = step % t.log_interval or t.log_interval
+                    metrics["tokens_per_s"] = (steps_in_interval * tokens_per_step
+                                               / (now - interval_start))
+                    metrics["flops_per_s"] = metrics["tokens_per_s"] * flops_per_tok  # achieved
+                    interval_start = now
+                    eta = (now - start) / (step - start_step) * (total_steps - step)
+                    session.info("[train] step %d/%d | loss %.4f | lr %.2e | %s tok/s | eta %.0fs",
+                                 step, total_steps, metrics["loss"], metrics["lr"],
+                                 f"{metrics['tokens_per_s']:,.0f}", eta)
+                session.log(metrics, step)
+                if "tokens_per_s" in metrics:
+                    session.flush()
             if step % t.eval_interval == 0 and step < total_steps:
                 paused = time.perf_counter()
-                session.checkpoint(engine, step, validate(step))
+                scores = validate(step)
+                with session.clock.phase("checkpoint"):
+                    session.checkpoint(engine, step, scores)
                 interval_start += time.perf_counter() - paused  # tokens/s: training time only
 
         final = validate(total_steps)
-        nll, n = evaluate(engine, session, corpus.dataset("test", cfg.context_length),
-                          trial.micro_batch_size)
+        with session.clock.phase("eval"):
+            nll, n = evaluate(engine, session, corpus.dataset("test", cfg.context_length),
+                              trial.micro_batch_size)
         test = {"test_loss": nll / n, "test_perplexity": math.exp(nll / n), "test_tokens": n,
                 "train_wall_s": time.perf_counter() - start}
         session.log(test, total_steps)
         session.flush()
         session.info("[train] done: val perplexity %.2f, test perplexity %.2f in %.0fs",
                      final["val_perplexity"], test["test_perplexity"], test["train_wall_s"])
-        session.checkpoint(engine, total_steps, {**final, **test})
+        # The phases so far go to the driver with the last report (time/*: workloads.timing).
+        session.checkpoint(engine, total_steps, {**final, **test, **session.clock.metrics()})
         model = engine.full_model(lambda: build_model(cfg))
         if rank == 0:
             session.log_model(model, corpus.tokenizer_path)

@@ -34,6 +34,7 @@ from workloads.metrics import MetricSink
 from workloads.models import DecoderLM
 from workloads.optim import resolve_precision
 from workloads.reach import check_tracking
+from workloads.timing import PhaseClock
 
 Backend = Literal["deepspeed", "ddp"]  # how a workload wants its replicas kept in step
 
@@ -48,6 +49,7 @@ class Session(ABC):
 
     def __init__(self, job: Job) -> None:
         self.job = job
+        self.clock = PhaseClock(job.submitted_at)  # time/startup_s, train_s, eval_s, ...
 
     @property
     def precision(self) -> str:

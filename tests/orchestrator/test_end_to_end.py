@@ -95,6 +95,11 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         assert m["val_perplexity"] == pytest.approx(math.exp(m["val_loss"]), rel=1e-6)
         assert m["flops_per_token"] == pytest.approx(flops_per_token(cfg, 64))
         assert m["flops_per_s"] == pytest.approx(m["tokens_per_s"] * m["flops_per_token"])
+        # Where its wall time went: the phases close to the driver's total.
+        phases = [m[f"time/{p}_s"] for p in ("startup", "train", "eval", "checkpoint",
+                                             "teardown")]
+        assert all(s > 0 for s in phases) and sum(phases) == pytest.approx(m["time/total_s"])
+        assert m["time/train_s"] < m["train_wall_s"] < m["time/total_s"]
         if variant == "cem":  # energy diagnostics reached MLflow, for every layer and step
             for layer, name, t in [(0, "attn", 0), (1, "attn", 2), (1, "mlp", 2)]:
                 assert math.isfinite(m[f"energy/{name}/layer{layer}/step{t}"])
@@ -145,6 +150,12 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     assert results.returncode == 0 and "optimal LR" in results.stdout
     # Two learning rates bracket nothing: every optimum is flagged as sitting at a grid edge.
     assert results.stdout.count("optimum at a grid edge (seed 0)") == 2
+    status = orchestrator(env, "status", str(spec_path))
+    split = re.search(r"time split of 4 finished trial\(s\): (\d+)% in train steps", status.stdout)
+    total_train = sum(r.data.metrics["time/train_s"] for r in trials)
+    total = sum(r.data.metrics["time/total_s"] for r in trials)
+    assert split and int(split.group(1)) == round(100 * total_train / total), status.stdout
+    print(status.stdout.splitlines()[-1])
 
     # The best trial per (variant, size), on validation, is registered; `models eval`
     # reproduces its test perplexity.

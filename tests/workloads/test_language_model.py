@@ -92,6 +92,13 @@ def test_in_process_training_lowers_the_loss_and_reports_test_perplexity(corpus_
     assert sorted(session.history["val_loss"]) == [5, 10, 15, 20, 25, 30]
     lrs = [session.history["lr"][s] for s in (1, 30)]  # warmup from lr/2, cosine to lr/10
     assert lrs == pytest.approx([0.004 / 2, 0.004 * 0.1])
+    # Where the time went: train steps and evaluations (six validations and the test split)
+    # account for the loop's wall time; the in-process session keeps no checkpoint.
+    spent = session.clock.seconds
+    assert spent["train"] > 0 and spent["eval"] > 0 and spent["checkpoint"] < 0.01
+    assert spent["startup"] >= 0
+    assert spent["train"] + spent["eval"] <= final["train_wall_s"] * 1.05 + 0.1
+    assert spent["train"] + spent["eval"] >= final["train_wall_s"] * 0.8
 
 
 def test_gradient_accumulation_gives_the_full_batch_step(corpus_glob, tmp_path):

@@ -129,27 +129,33 @@ class GPRegression(Workload[GPConfig, None]):
                      start_step + 1, trial.steps)
 
         start = time.perf_counter()
+        clock = session.clock
         for step in range(start_step + 1, trial.steps + 1):
-            idx = torch.randint(len(x_train), (per_worker,), generator=rng)
-            loss = F.mse_loss(engine(x_train[idx].to(engine.device)),
-                              y_train[idx].to(engine.device))
-            engine.backward(loss)
-            lr = engine.lr()
-            engine.step()
-            mse = session.all_reduce(loss.detach().clone()).item() / world
-            session.log({"loss": mse, "lr": lr}, step)
+            clock.first_step()
+            with clock.phase("train"):
+                idx = torch.randint(len(x_train), (per_worker,), generator=rng)
+                loss = F.mse_loss(engine(x_train[idx].to(engine.device)),
+                                  y_train[idx].to(engine.device))
+                engine.backward(loss)
+                lr = engine.lr()
+                engine.step()
+                mse = session.all_reduce(loss.detach().clone()).item() / world
+                session.log({"loss": mse, "lr": lr}, step)
             if step % trial.training.eval_interval == 0 and step < trial.steps:
-                metrics = {"val_rmse": rmse(engine, *val)}
-                session.log(metrics, step)
-                session.flush()
-                session.checkpoint(engine, step, metrics)
+                with clock.phase("eval"):
+                    metrics = {"val_rmse": rmse(engine, *val)}
+                    session.log(metrics, step)
+                    session.flush()
+                with clock.phase("checkpoint"):
+                    session.checkpoint(engine, step, metrics)
             if step % trial.training.log_interval == 0:
                 session.info("[gp] step %d/%d | mse %.4f | lr %.2e", step, trial.steps, mse, lr)
-        final = {"val_rmse": rmse(engine, *val),
-                 "test_rmse": rmse(engine, data.x["test"], data.y["test"]),
-                 "train_wall_s": time.perf_counter() - start}
-        session.log(final, trial.steps)
-        session.flush()
+        with clock.phase("eval"):
+            final = {"val_rmse": rmse(engine, *val),
+                     "test_rmse": rmse(engine, data.x["test"], data.y["test"]),
+                     "train_wall_s": time.perf_counter() - start}
+            session.log(final, trial.steps)
+            session.flush()
         session.info("[gp] done: test RMSE %.4f (noise %.3f)", final["test_rmse"], g.noise_std)
-        session.checkpoint(engine, trial.steps, final)
+        session.checkpoint(engine, trial.steps, {**final, **clock.metrics()})
         return final
