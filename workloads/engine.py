@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -120,6 +121,21 @@ class TorchEngine(Engine):
         return copy.deepcopy(self.model)
 
 
+def use_interpreter_tools() -> None:
+    """Put this interpreter's ``bin`` directory first on ``PATH``.
+
+    DeepSpeed JIT-builds its CPU ops (the shared-memory comm op) with whichever ``ninja`` is
+    first on ``PATH``: the environment's own (a DeepSpeed dependency) where it is activated, as
+    on the Ray workers ``up.sh`` starts, and a system one elsewhere (``make test``). Two ninja
+    versions do not read each other's build log, so every switch rebuilt the op (20-30 s of a
+    trial's startup). The interpreter's own tools are the same everywhere it runs.
+    """
+    here = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != here:
+        os.environ["PATH"] = here + os.pathsep + path
+
+
 def load_weights_only(path: str, map_location: Any = None) -> Any:
     """``torch.load`` of a DeepSpeed checkpoint file without unpickling code: tensors, containers
     and the three plain DeepSpeed types its ZeRO states hold (a loss scaler, the ZeRO stage enum
@@ -142,6 +158,7 @@ class DeepSpeedEngine(Engine):
     (Table 2) with our LR schedule."""
 
     def __init__(self, model: nn.Module, trial: Trial, world_size: int, precision: str) -> None:
+        use_interpreter_tools()
         import deepspeed
 
         t = trial.training
