@@ -53,10 +53,8 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
     ``latest``; point ``best`` at the version with the lowest validation perplexity.
 
     ``results`` maps trial ids to ``(mlflow run id, validation perplexity, test perplexity)``.
-    Returns ``name -> version`` lines of what was registered.
-
-    Raises:
-        RegistrationError: a version whose artifacts are incomplete (deleted again).
+    Returns one line per registration: ``registered NAME version N ...``, or ``not registered:
+    ...`` for a version whose files were incomplete (it is deleted; the others go on).
     """
     best: dict[tuple[str, str], Trial] = {}
     for t in trials:
@@ -90,10 +88,14 @@ def register_best(client: MlflowClient, experiment: str, trials: list[Trial],
                 "context_length": str(t.model.context_length)}
         client.create_model_version(name, f"runs:/{run_id}/model", run_id=run_id, tags=tags)
         version = _first_version_of_run(client, name, run_id)
-        _check_whole(client, version)
+        try:
+            _check_whole(client, version)
+        except RegistrationError as e:
+            done.append(f"not registered: {e}")
+            continue
         best_version = _set_best(client, name)
-        done.append(f"{name} version {version.version} ({t.label}, validation perplexity "
-                    f"{val:.2f}, test {test:.2f}): @{LATEST}; @{ALIAS} -> version "
+        done.append(f"registered {name} version {version.version} ({t.label}, validation "
+                    f"perplexity {val:.2f}, test {test:.2f}): @{LATEST}; @{ALIAS} -> version "
                     f"{best_version}")
     return done
 

@@ -232,7 +232,7 @@ def register(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
     results = {r.trial_hash: (r.mlflow_run_id, r.val_metric, r.metric) for r in rows
                if r.val_metric is not None}
     for line in register_best(books.client, spec.name, trials, results):
-        print(f"[cemlab] registered {line}")
+        print(f"[cemlab] {line}")
 
 
 def close(books: Books, done: bool) -> None:
