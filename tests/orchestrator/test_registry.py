@@ -92,9 +92,9 @@ def test_a_version_without_its_package_is_deleted_not_left_half_made(store, toke
     trials, runs = trial_runs(uri, client, tokenizer_json, with_model=False)
     results = {t.trial_id: (runs[t.trial_id], 10.0 + i, 10.0) for i, t in enumerate(trials)}
     (line,) = registry.register_best(client, "reg", trials, results)
-    assert re.fullmatch(r"not registered: cemlab-llama-nano version 1 of run \w+ was incomplete "
-                        r"\(missing MLmodel, artifacts/package/model.safetensors, .*\) and is deleted",
-                        line), line
+    assert re.fullmatch(r"not registered: cemlab-llama-nano version 1 of run \w+ was "
+                        r"incomplete \(missing MLmodel, artifacts/package/model.safetensors, "
+                        r".*\) and is deleted", line), line
     assert client.search_model_versions("name = 'cemlab-llama-nano'") == []
     with pytest.raises(LookupError, match="no such registered model version"):
         registry.resolve(client, "cemlab-llama-nano@best")
