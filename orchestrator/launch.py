@@ -134,6 +134,9 @@ def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: in
     """Run ``tasks`` with Ray Tune, ``concurrency`` at once; each outcome lands in the ledger
     and MLflow."""
     by_id = {t.job.trial.trial_id: t for t in tasks}
+    # Tune pickles its search state, name creator included, into the storage root: the creator
+    # sees the labels only, never a Task (whose ledger URL may hold a password).
+    labels = {i: t.job.trial.label.replace(" ", "_") for i, t in by_id.items()}
     print(f"[cemlab] Ray Tune: {len(tasks)} trial(s), up to {concurrency} at once", flush=True)
     tuner = ray.tune.Tuner(
         ray.tune.with_resources(ray.tune.with_parameters(trial_driver, tasks=by_id),
@@ -141,8 +144,7 @@ def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: in
         param_space={"trial_id": ray.tune.grid_search(list(by_id))},
         tune_config=ray.tune.TuneConfig(
             max_concurrent_trials=concurrency,
-            trial_name_creator=lambda t: by_id[t.config["trial_id"]].job.trial.label.replace(
-                " ", "_"),
+            trial_name_creator=lambda t: labels[t.config["trial_id"]],
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                       **ray_storage(storage, *_TUNE), verbose=1))
