@@ -48,6 +48,38 @@ SPEC = {
 }
 
 
+def checkpointed_step(ledger: Ledger, experiment: str, rank: int = 0) -> int:
+    """The newest step rank ``rank`` has written a checkpoint of, in the one trial of
+    ``experiment`` (0: none yet)."""
+    exp = ledger.experiment(experiment)
+    rows = ledger.trials(exp.id) if exp else []
+    if not rows or not rows[0].checkpoint_path:
+        return 0
+    manifests = Path(rows[0].checkpoint_path).glob(f"checkpoint_*/manifest-rank{rank}.json")
+    return max((json.loads(m.read_text())["step"] for m in manifests), default=0)
+
+
+def committed_checkpoints(ledger: Ledger, experiment: str) -> list[str]:
+    """The checkpoints Ray Train has committed (every rank reported) for the running trial of
+    ``experiment``, oldest first, from its checkpoint manager's snapshot."""
+    exp = ledger.experiment(experiment)
+    rows = ledger.trials(exp.id) if exp else []
+    if not rows or rows[0].status != "RUNNING":
+        return []
+    snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
+    text = snapshot.read_text() if snapshot.exists() else ""
+    return sorted(set(re.findall(r"checkpoint_\d{4}-\d\d-\d\d_[\d.-]+", text)))
+
+
+def wait_for_checkpoint(job: subprocess.Popen, ledger: Ledger, experiment: str, rank: int,
+                        step: int) -> None:
+    """Wait (up to 300 s, while ``job`` runs) for ``checkpointed_step`` to reach ``step``."""
+    deadline = time.monotonic() + 300
+    while checkpointed_step(ledger, experiment, rank) < step:
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+
+
 def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     home, env = services
     spec_path = write_spec(tmp_path, SPEC)
@@ -274,14 +306,8 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
                                   "CEMLAB_LEASE_S": "30"})  # its lease lapses <= 30 s after death
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
-    def checkpoints() -> list[str]:  # those Ray Train has registered for the running trial
-        exp = ledger.experiment("resume")
-        rows = ledger.trials(exp.id) if exp else []
-        if not rows or rows[0].status != "RUNNING":
-            return []
-        snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
-        text = snapshot.read_text() if snapshot.exists() else ""
-        return sorted(set(re.findall(r"checkpoint_\d{4}-\d\d-\d\d_[\d.-]+", text)))
+    def checkpoints() -> list[str]:
+        return committed_checkpoints(ledger, "resume")
 
     deadline = time.monotonic() + 300
     while len(checkpoints()) < 2:
@@ -343,25 +369,18 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
                            env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
-    def checkpointed() -> int:  # the newest step rank 1 has written a checkpoint of
-        exp = ledger.experiment("bf16-killed")
-        rows = ledger.trials(exp.id) if exp else []
-        if not rows or not rows[0].checkpoint_path:
-            return 0
-        manifests = Path(rows[0].checkpoint_path).glob("checkpoint_*/manifest-rank1.json")
-        return max((json.loads(m.read_text())["step"] for m in manifests), default=0)
-
-    # Rank 1 past its step-100 checkpoint: Ray Train has committed step 50 (every rank reported
-    # it); a kill right after a rank writes its first checkpoint would leave none to resume.
+    # Only once Ray Train has committed a checkpoint (every rank reported it, and its controller
+    # recorded it) is there one to resume from: a kill before that rightly restarts at step 0.
     deadline = time.monotonic() + 300
-    while checkpointed() < 100:
+    while not committed_checkpoints(ledger, "bf16-killed"):
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     workers = [p for p in psutil.process_iter(["cmdline"])  # the trial's two ranks
                if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
     assert len(workers) == 2, workers
     workers[1].kill()  # SIGKILL one training process; the driver and the other rank live on
-    assert checkpointed() < 400, "the trial had finished before the kill: nothing was tested"
+    assert checkpointed_step(ledger, "bf16-killed", rank=1) < 400, (
+        "the trial had finished before the kill: nothing was tested")
     output = job.communicate(timeout=600)[0]
     assert job.returncode == 0, output[-3000:]
     # In the same submission, from the last checkpoint Ray Train had committed (all ranks).
@@ -439,28 +458,17 @@ def test_a_60_s_tracking_outage_inside_a_trial_loses_no_metric_point(services, t
                            env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
-    def checkpointed_step() -> int:  # the newest step the trial has checkpointed
-        exp = ledger.experiment("outage")
-        rows = ledger.trials(exp.id) if exp else []
-        if not rows or not rows[0].checkpoint_path:
-            return 0
-        manifests = Path(rows[0].checkpoint_path).glob("checkpoint_*/manifest-rank0.json")
-        return max((json.loads(m.read_text())["step"] for m in manifests), default=0)
-
-    deadline = time.monotonic() + 300
-    while checkpointed_step() < 20:
-        assert job.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_for_checkpoint(job, ledger, "outage", rank=0, step=20)
     pid_file = home / "run" / "mlflow.pid"
     server = psutil.Process(int(pid_file.read_text()))
     cmdline, environ, cwd = server.cmdline(), server.environ(), server.cwd()
     os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server and its workers
     server.wait(30)
-    stopped, at_stop = time.monotonic(), checkpointed_step()
+    stopped, at_stop = time.monotonic(), checkpointed_step(ledger, "outage")
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{env['MLFLOW_TRACKING_URI']}/health", timeout=5)
     time.sleep(max(0.0, 60 - (time.monotonic() - stopped)))
-    during = checkpointed_step()
+    during = checkpointed_step(ledger, "outage")
     # Started as up.sh starts it (its own session, not this process's child), so down.sh stops it.
     launched = subprocess.run(["bash", "-c", 'setsid "$@" >> "$LOG" 2>&1 < /dev/null & echo $!',
                                "_", *cmdline], env={**environ, "LOG": str(home / "logs" /
