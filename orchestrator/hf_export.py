@@ -36,12 +36,13 @@ _RENAMES = [  # (ours, Hugging Face's), regular expressions over tensor names
 ]
 
 
+_LLAMA = {"attention": "llama", "mlp": "llama", "position": "rope", "attn_steps": 1,
+          "mlp_steps": 1}  # the ModelConfig fields of a plain Llama baseline
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """Raises ValueError (one line) unless ``cfg`` is a plain Llama baseline."""
-    wrong = {k: v for k, v in [("attention", cfg.attention), ("mlp", cfg.mlp),
-                                ("position", cfg.position), ("attn_steps", cfg.attn_steps),
-                                ("mlp_steps", cfg.mlp_steps)]
-             if v != {"attention": "llama", "mlp": "llama", "position": "rope"}.get(k, 1)}
+    wrong = {k: getattr(cfg, k) for k, v in _LLAMA.items() if getattr(cfg, k) != v}
     if wrong:
         raise ValueError("only Llama baselines (attention llama, mlp llama, position rope, one "
                          "step per sublayer) export to Hugging Face; this model has "
