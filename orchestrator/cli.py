@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.results import format_status
 
         print(format_status(spec, rows, len(plan(spec))))
-        _print_time_split(spec.name)
+        _print_efficiency(spec.name, time_split=True)
         return 0
     table = optima(spec, rows)
     if not table:
@@ -122,25 +122,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Akima optima over log2(LR): the LR chosen on validation {short_metric(spec)}, "
           f"test reported there, experiment '{spec.name}'")
     print(format_optima(table, short_metric(spec)))
+    _print_efficiency(spec.name, time_split=False)
     return 0
 
 
-def _print_time_split(experiment: str) -> None:
-    """The experiment's time split from MLflow, or one line on why there is none."""
+def _print_efficiency(experiment: str, time_split: bool) -> None:
+    """The experiment's MFU and peak memory per variant and size (with ``time_split``, first
+    its time split) from MLflow, or one line on why there are none."""
     from mlflow import MlflowClient
 
-    from orchestrator.results import format_time_split
+    from orchestrator.results import format_efficiency, format_time_split
     from orchestrator.settings import Settings
-    from orchestrator.tracking import time_split
+    from orchestrator.tracking import finished_trials
     from workloads.reach import check_tracking
 
     uri = Settings().tracking_uri
     try:
         check_tracking(uri, timeout_s=5)
-    except Exception as e:  # status still answers from the ledger
-        print(f"time split: MLflow unavailable ({str(e).splitlines()[0]})")
+    except Exception as e:  # status and results still answer from the ledger
+        print(f"time split, MFU and memory: MLflow unavailable ({str(e).splitlines()[0]})")
         return
-    print(format_time_split(*time_split(MlflowClient(uri), experiment)))
+    trials = finished_trials(MlflowClient(uri), experiment)
+    if time_split:
+        print(format_time_split(trials))
+    print(format_efficiency(trials))
 
 
 def _status_all() -> int:

@@ -13,6 +13,7 @@ from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.base import Trial
 from workloads.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
+from workloads.memory import trial_memory
 from workloads.models import ModelConfig
 from workloads.provenance import code_fingerprint
 from workloads.registry import get_workload
@@ -95,9 +96,11 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
                 wall_s: dict[str, float] | None = None, slots: int = 1) -> str:
     """The grid as a table (one row per trial, ``#`` its row number) with totals.
 
-    ``wall_s`` maps trial ids to estimated wall seconds (``orchestrator.calibrate``); the total
-    wall time runs them in order on ``slots`` slots, each trial taking the first free one (as
-    Ray Tune schedules a grid).
+    ``mem/GPU`` (``mem/worker`` on CPUs) is ``workloads.memory.trial_memory``: weights,
+    gradients and optimizer states under the trial's ZeRO stage plus one micro-batch's
+    activations. ``wall_s`` maps trial ids to estimated wall seconds
+    (``orchestrator.calibrate``); the total wall time runs them in order on ``slots`` slots,
+    each trial taking the first free one (as Ray Tune schedules a grid).
     """
     unit = get_workload(spec.workload).unit
     several = len({t.dataset for t in trials}) > 1
@@ -106,6 +109,8 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
              "params": t.params["total"], "non-emb": t.params["non_embedding"],
              "attn": t.params["attention"], "mlp": t.params["mlp"], unit: t.tokens,
              "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
+             f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(trial_memory(
+                 t.model, t.training, t.resources, t.micro_batch_size).total),
              **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
             for i, t in enumerate(trials)]
     r, tr, first = spec.resources, spec.training, trials[0]
@@ -122,6 +127,10 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
             free[free.index(min(free))] += wall_s[t.trial_id]
         total += f", est. wall {_duration(max(free))} ({slots} trial(s) at once)"
     return "\n".join([head, format_table(rows), total])
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _duration(seconds: float) -> str:

@@ -103,17 +103,43 @@ def status_counts(rows: list[TrialRow]) -> dict[Status, int]:
     return {s: sum(r.status == s for r in rows) for s in Status}
 
 
-def format_time_split(n_trials: int, seconds: dict[str, float]) -> str:
-    """One line: the share of the trials' wall time spent in train steps, and the seconds of
-    every phase (``workloads.timing``), summed over ``n_trials`` trials."""
+def format_time_split(trials: list[dict]) -> str:
+    """One line: the share of the ``trials``' wall time (``tracking.finished_trials``) spent in
+    train steps, and the seconds of every phase (``workloads.timing``), summed over them."""
+    seconds: dict[str, float] = {}
+    for trial in trials:
+        for k, v in trial["metrics"].items():
+            if k.startswith("time/"):
+                seconds[k] = seconds.get(k, 0.0) + v
     total = seconds.get("time/total_s", 0.0)
-    if not n_trials or total <= 0:
+    if not trials or total <= 0:
         return "time split: no finished trial has logged one yet"
     parts = ", ".join(f"{name} {seconds.get(f'time/{name}_s', 0.0):,.0f} s"
                       for name in ("startup", "train", "eval", "checkpoint", "teardown"))
-    return (f"time split of {n_trials} finished trial(s): "
+    return (f"time split of {len(trials)} finished trial(s): "
             f"{seconds.get('time/train_s', 0.0) / total:.0%} in train steps ({parts}; "
             f"{total:,.0f} s in all)")
+
+
+def format_efficiency(trials: list[dict]) -> str:
+    """Per (variant, size) of the ``trials`` (``tracking.finished_trials``): MFU over the train
+    steps (``train_mfu``: mean, min and max) and the most memory a worker held
+    (``peak_memory_mib``)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for trial in trials:
+        if "train_mfu" in trial["metrics"]:
+            groups.setdefault((trial["variant"], trial["size"]), []).append(trial["metrics"])
+    if not groups:
+        return "MFU and peak memory: no finished trial has logged them yet"
+    rows = []
+    for (variant, size), ms in groups.items():
+        mfu = [m["train_mfu"] for m in ms]
+        rows.append({"variant": variant, "size": size, "trials": len(ms),
+                     "MFU mean": f"{sum(mfu) / len(mfu):.1%}",
+                     "MFU min-max": f"{min(mfu):.1%}-{max(mfu):.1%}",
+                     "peak memory/worker": f"{max(m['peak_memory_mib'] for m in ms):,.0f} MiB"})
+    return "MFU (model FLOPs over the devices' peak, train steps) and peak memory:\n" + (
+        format_table(rows))
 
 
 def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> str:

@@ -29,6 +29,7 @@ from pydantic import (
 
 from orchestrator.spec_yaml import SpecFileError, read_spec_yaml
 from workloads.config import ResourcesConfig, StrictModel, TrainingConfig
+from workloads.memory import trial_memory
 from workloads.models import PRESETS, ModelConfig
 from workloads.registry import WORKLOADS, get_workload
 
@@ -180,7 +181,24 @@ class ExperimentSpec(StrictModel):
                     variant.resolve(size)
                 except (ValueError, TypeError) as e:
                     raise _FieldError(("variants", name), f"{e} (size {size})") from None
+        self._fits_gpus()
         return self
+
+    def _fits_gpus(self) -> None:
+        """Refuse a trial whose estimated memory per GPU (``workloads.memory.trial_memory`` at
+        the spec's ``micro_batch_size``) exceeds ``resources.gpu_memory_gb``."""
+        r, t = self.resources, self.training
+        if not (r.use_gpu and r.gpu_memory_gb):
+            return
+        for size in self.sizes:
+            for name, variant in self.variants.items():
+                need = trial_memory(variant.resolve(size), t, r, t.micro_batch_size)
+                if need.total > r.gpu_memory_gb * 2**30:
+                    raise _FieldError(("resources", "gpu_memory_gb"), (
+                        f"{name}@{size} needs about {need.describe()} per GPU with ZeRO "
+                        f"{t.zero_stage} on {r.num_workers} GPU(s) at micro_batch_size "
+                        f"{t.micro_batch_size}, more than the {r.gpu_memory_gb:g} GiB given: "
+                        "lower training.micro_batch_size, raise the ZeRO stage or add GPUs"))
 
 
 def _field_names() -> frozenset[str]:

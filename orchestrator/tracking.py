@@ -124,20 +124,17 @@ def log_timing(client: MlflowClient, run_id: str, seconds: dict[str, float]) -> 
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in seconds.items()])
 
 
-def time_split(client: MlflowClient, experiment: str) -> tuple[int, dict[str, float]]:
-    """The number of trial runs of MLflow experiment ``experiment`` that logged a time
-    breakdown, and the sum over them of each ``time/<phase>_s`` (seconds)."""
+def finished_trials(client: MlflowClient, experiment: str) -> list[dict[str, Any]]:
+    """The trial runs of MLflow experiment ``experiment`` that logged a time breakdown (a
+    finished trial's last act), each as ``{"variant", "size", "metrics"}`` (its tags, and the
+    last value of every metric)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return 0, {}
+        return []
     runs = client.search_runs([exp.experiment_id], f"tags.`{ROLE_TAG}` = 'trial' and "
                               "metrics.`time/total_s` >= 0", max_results=50_000)
-    totals: dict[str, float] = {}
-    for run in runs:
-        for k, v in run.data.metrics.items():
-            if k.startswith("time/"):
-                totals[k] = totals.get(k, 0.0) + v
-    return len(runs), totals
+    return [{"variant": r.data.tags.get("variant", "?"), "size": r.data.tags.get("size", "?"),
+             "metrics": dict(r.data.metrics)} for r in runs]
 
 
 def mirror_status(client: MlflowClient, run_id: str, status: Status) -> None:

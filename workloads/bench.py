@@ -1,10 +1,15 @@
 """Forward+backward throughput of every variant at equal dimensions.
 
-    python -m workloads.bench --preset micro [--batch 8] [--seconds 3] [--json-out FILE]
+    python -m workloads.bench --preset micro [--batch 8] [--seconds 3] [--precision fp32]
+                              [--json-out FILE]
 
-Prints a table (tokens/s, step time relative to Llama, achieved GFLOP/s from the analytic
-``flops_per_token``) and the same rows as JSON. Targets on CPU: CEM attention at T = 1 no
-slower than 0.9x Llama's step time, the full ``cem-*`` configuration (T = 2) no slower than 1.5x.
+On the GPU when there is one, else the CPU, with the model cast to ``--precision`` (``auto``:
+bf16 where supported, as the trials train). Prints a table (tokens/s, step time relative to
+Llama, achieved GFLOP/s from the analytic ``flops_per_token``, MFU over
+``workloads.hardware.peak_flops``, peak memory: the allocator's per variant on a GPU, the
+process's high-water mark so far on a CPU) and the same rows as JSON. Targets on CPU: CEM
+attention at T = 1 no slower than 0.9x Llama's step time, the full ``cem-*`` configuration
+(T = 2) no slower than 1.5x.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from tabulate import tabulate
 
+from workloads.hardware import device_name, peak_flops, peak_memory_bytes
 from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
 from workloads.models.config import CEM_BEST
+from workloads.optim import resolve_precision
 
 VARIANTS: dict[str, dict] = {
     "llama": {},
@@ -30,14 +37,18 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def measure(cfg: ModelConfig, batch: int, seconds: float) -> float:
+def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
+            precision: str) -> float:
     """Seconds per forward+backward step on (batch, context_length) tokens (median of runs)."""
-    model = build_model(cfg)
-    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1))
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    model = build_model(cfg).to(device=device, dtype=dtype)
+    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
 
     def step() -> None:
         logits = model(idx[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten()).backward()
+        F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     for _ in range(2):
         step()  # warm-up
@@ -50,17 +61,22 @@ def measure(cfg: ModelConfig, batch: int, seconds: float) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run(preset: str, batch: int, seconds: float) -> list[dict]:
+def run(preset: str, batch: int, seconds: float, device: torch.device,
+        precision: str) -> list[dict]:
     rows, llama_time = [], None
+    peak = peak_flops(device, precision)[0]
     for name, overrides in VARIANTS.items():
         cfg = ModelConfig.from_preset(preset, **overrides)
-        t = measure(cfg, batch, seconds)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t = measure(cfg, batch, seconds, device, precision)
         tokens = batch * cfg.context_length
         llama_time = llama_time or t
+        flops = flops_per_token(cfg, cfg.context_length) * tokens / t
         rows.append({"variant": name, "params": count_parameters(build_model(cfg))["total"],
                      "step_ms": 1000 * t, "tokens_per_s": tokens / t,
-                     "step_time_vs_llama": t / llama_time,
-                     "gflops_per_s": flops_per_token(cfg, cfg.context_length) * tokens / t / 1e9})
+                     "step_time_vs_llama": t / llama_time, "gflops_per_s": flops / 1e9,
+                     "mfu": flops / peak, "peak_memory_mib": peak_memory_bytes(device) / 2**20})
     return rows
 
 
@@ -70,12 +86,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="micro")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0, help="timing per variant")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="fp32")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    rows = run(args.preset, args.batch, args.seconds)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(args.precision)
+    rows = run(args.preset, args.batch, args.seconds, device, precision)
     cfg = ModelConfig.from_preset(args.preset)
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
-          f"context {cfg.context_length}), batch {args.batch}, {torch.get_num_threads()} threads")
+          f"context {cfg.context_length}), batch {args.batch}, {precision} on {device_name(device)}"
+          f" ({torch.get_num_threads()} threads), MFU against "
+          f"{peak_flops(device, precision)[1]}")
     print(tabulate(rows, headers="keys", floatfmt=",.3f", intfmt=","))
     print(json.dumps(rows))
     if args.json_out:

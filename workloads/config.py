@@ -95,6 +95,9 @@ class ResourcesConfig(StrictModel):
     memory_per_worker_gb: float = Field(1.0, gt=0, description="host memory (GiB) Ray "
                                         "reserves for each worker, beside TRIAL_ACTORS_GB per "
                                         "trial: trials wait for memory rather than run out")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="memory of each GPU (GiB): "
+                                        "a spec whose trial needs more per GPU "
+                                        "(workloads.memory) is refused before anything runs")
 
     @property
     def memory_gb(self) -> float:

@@ -172,13 +172,15 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         """Train one model to its token budget; report and log metrics.
 
         Per optimizer step: ``loss`` (mean over the global batch), ``lr``, ``tokens_seen``; every
-        ``log_interval`` steps ``tokens_per_s`` and ``flops_per_s`` (all workers; achieved FLOP/s
-        from the analytic ``flops_per_token``). With ``energy_diagnostics``, each evaluation also
+        ``log_interval`` steps ``tokens_per_s``, ``flops_per_s`` (all workers; achieved FLOP/s
+        from the analytic ``flops_per_token``) and ``mfu`` (over the workers' peak,
+        ``Session.peak_flops``). With ``energy_diagnostics``, each evaluation also
         logs per-layer per-step energies and preconditioner eigenvalues. Every ``eval_interval``
         steps and at the end: ``val_loss``, ``val_perplexity`` and a checkpoint, from which a
         resubmitted trial resumes (same step, same data order). At the end: ``test_loss``,
-        ``test_perplexity`` on the whole test split, ``train_wall_s``, and the model kept by
-        the session. Returns the final validation and test metrics.
+        ``test_perplexity`` on the whole test split, ``train_wall_s``, ``train_mfu`` and
+        ``peak_memory_mib`` (``Session.efficiency``), and the model kept by the session.
+        Returns the final validation and test metrics.
         """
         trial, corpus = job.trial, job.data.localized(Paths().data_dir)
         t, cfg = trial.training, trial.model
@@ -216,6 +218,7 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         session.info("[train] %s attention, %s mlp: %d steps x %d tokens, %d worker(s), %s, %s",
                      cfg.attention, cfg.mlp, total_steps, tokens_per_step, world, engine.name,
                      session.precision)
+        peak_flops = session.peak_flops(device) * world  # all workers
         start = interval_start = time.perf_counter()
         for step in range(start_step + 1, total_steps + 1):
             session.clock.first_step()
@@ -239,11 +242,12 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                     metrics["tokens_per_s"] = (steps_in_interval * tokens_per_step
                                                / (now - interval_start))
                     metrics["flops_per_s"] = metrics["tokens_per_s"] * flops_per_tok  # achieved
+                    metrics["mfu"] = metrics["flops_per_s"] / peak_flops
                     interval_start = now
                     eta = (now - start) / (step - start_step) * (total_steps - step)
-                    session.info("[train] step %d/%d | loss %.4f | lr %.2e | %s tok/s | eta %.0fs",
-                                 step, total_steps, metrics["loss"], metrics["lr"],
-                                 f"{metrics['tokens_per_s']:,.0f}", eta)
+                    session.info("[train] step %d/%d | loss %.4f | lr %.2e | %s tok/s | MFU %.1f%% "
+                                 "| eta %.0fs", step, total_steps, metrics["loss"], metrics["lr"],
+                                 f"{metrics['tokens_per_s']:,.0f}", 100 * metrics["mfu"], eta)
                 session.log(metrics, step)
                 if "tokens_per_s" in metrics:
                     session.flush()
@@ -259,7 +263,9 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
             nll, n = evaluate(engine, session, corpus.dataset("test", cfg.context_length),
                               trial.micro_batch_size)
         test = {"test_loss": nll / n, "test_perplexity": math.exp(nll / n), "test_tokens": n,
-                "train_wall_s": time.perf_counter() - start}
+                "train_wall_s": time.perf_counter() - start,
+                **session.efficiency(
+                    flops_per_tok * tokens_per_step * (total_steps - start_step), device)}
         session.log(test, total_steps)
         session.flush()
         session.info("[train] done: val perplexity %.2f, test perplexity %.2f in %.0fs",

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workloads import hardware
 from workloads.base import Job
 from workloads.checkpoints import newest_good, write_manifest
 from workloads.engine import DeepSpeedEngine, Engine, TorchEngine
@@ -66,6 +67,27 @@ class Session(ABC):
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(t)
         return t
+
+    def peak_flops(self, device: torch.device) -> float:
+        """Peak FLOP/s of this worker's ``device`` in the session's precision
+        (``workloads.hardware.peak_flops``), logged once with its source."""
+        peak, source = hardware.peak_flops(device, self.precision)
+        self.info("[train] MFU against %.3g FLOP/s per worker (%s)", peak, source)
+        return peak
+
+    def efficiency(self, flops: float, device: torch.device) -> dict[str, float]:
+        """``train_mfu``: ``flops`` (the model FLOPs of the steps this attempt trained, all
+        workers together) per second of the clock's ``train`` phase, over the peak of all
+        workers (``peak_flops_per_s``: ``peak_flops`` x ``world_size``); ``peak_memory_mib``:
+        the most memory any worker has held (``workloads.hardware.peak_memory_bytes``), MiB.
+        A collective: every rank calls it."""
+        memory = torch.zeros(self.world_size, dtype=torch.float64, device=device)
+        memory[self.rank] = hardware.peak_memory_bytes(device)
+        self.all_reduce(memory)
+        seconds = self.clock.seconds["train"]
+        peak = hardware.peak_flops(device, self.precision)[0] * self.world_size
+        return {"train_mfu": flops / seconds / peak if seconds > 0 else 0.0,
+                "peak_flops_per_s": peak, "peak_memory_mib": memory.max().item() / 2**20}
 
     @abstractmethod
     def engine(self, model: nn.Module, backend: Backend) -> Engine:

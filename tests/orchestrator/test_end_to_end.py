@@ -132,6 +132,11 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
                                              "teardown")]
         assert all(s > 0 for s in phases) and sum(phases) == pytest.approx(m["time/total_s"])
         assert m["time/train_s"] < m["train_wall_s"] < m["time/total_s"]
+        # MFU over the train steps: the analytic FLOPs of every step over the train phase.
+        assert m["train_mfu"] == pytest.approx(
+            m["flops_per_token"] * steps * 16 * 64 / m["time/train_s"] / m["peak_flops_per_s"],
+            rel=1e-6)
+        assert 0 < m["train_mfu"] < 1 and m["peak_memory_mib"] > 100
         if variant == "cem":  # energy diagnostics reached MLflow, for every layer and step
             for layer, name, t in [(0, "attn", 0), (1, "attn", 2), (1, "mlp", 2)]:
                 assert math.isfinite(m[f"energy/{name}/layer{layer}/step{t}"])
@@ -187,7 +192,13 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     total_train = sum(r.data.metrics["time/train_s"] for r in trials)
     total = sum(r.data.metrics["time/total_s"] for r in trials)
     assert split and int(split.group(1)) == round(100 * total_train / total), status.stdout
-    print(status.stdout.splitlines()[-1])
+    for variant in ("llama", "cem"):  # MFU mean and peak memory per variant, from MLflow
+        runs = [r.data.metrics for r in trials if r.data.tags["variant"] == variant]
+        mfu = sum(m["train_mfu"] for m in runs) / len(runs)
+        memory = max(m["peak_memory_mib"] for m in runs)
+        assert re.search(rf"{variant} +nano +2 +{100 * mfu:.1f}% .* {memory:,.0f} MiB",
+                         status.stdout), status.stdout
+    print(next(line for line in status.stdout.splitlines() if "time split" in line))
 
     # The best trial per (variant, size), on validation, is registered; `models eval`
     # reproduces its test perplexity.

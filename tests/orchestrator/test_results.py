@@ -1,7 +1,13 @@
 """Results from the ledger: the rows of a spec's current grid, progress by status."""
 
 from orchestrator.ledger import Ledger, Status
-from orchestrator.results import experiment_rows, format_status, status_counts
+from orchestrator.results import (
+    experiment_rows,
+    format_efficiency,
+    format_status,
+    format_time_split,
+    status_counts,
+)
 from orchestrator.spec import parse_spec
 
 
@@ -36,3 +42,23 @@ def test_status_counts_and_progress_come_from_the_ledger(tmp_path):
     assert text.splitlines()[0] == ("experiment progress: 3 trial(s) planned, 0 pending, "
                                     "1 running, 1 finished, 0 failed, 1 not yet submitted")
     assert "123.25" in text and "RUNNING" in text
+
+
+def test_the_time_split_and_efficiency_summarise_finished_trials():
+    def trial(variant, size, mfu, mib, train, total):
+        return {"variant": variant, "size": size,
+                "metrics": {"train_mfu": mfu, "peak_memory_mib": mib, "time/train_s": train,
+                            "time/startup_s": total - train, "time/total_s": total}}
+
+    trials = [trial("llama", "nano", 0.10, 800.0, 30.0, 40.0),
+              trial("llama", "nano", 0.20, 900.0, 30.0, 40.0),
+              trial("cem", "nano", 0.05, 1200.0, 20.0, 40.0)]
+    split = format_time_split(trials)
+    assert split.startswith("time split of 3 finished trial(s): 67% in train steps")
+    assert "startup 40 s, train 80 s" in split and "120 s in all" in split
+    rows = {line.split()[0]: line.split() for line in format_efficiency(trials).splitlines()
+            if line.startswith(("llama", "cem"))}
+    assert rows["llama"][1:] == ["nano", "2", "15.0%", "10.0%-20.0%", "900", "MiB"]
+    assert rows["cem"][1:] == ["nano", "1", "5.0%", "5.0%-5.0%", "1,200", "MiB"]
+    assert format_time_split([]).startswith("time split: no finished trial")
+    assert "no finished trial has logged them" in format_efficiency(trials[:0])

@@ -21,7 +21,9 @@ def train(*args: str, home: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, tmp_path):
+def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     metrics = tmp_path / "out" / "metrics.json"
     proc = train("--preset", "nano", "--steps", "20", "--corpus", corpus_glob,
                  "--metrics-json", str(metrics), home=tmp_path)
@@ -39,6 +41,13 @@ def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, 
     assert math.isclose(written["history"]["loss"]["10"], losses[0], abs_tol=5e-5)
     assert written["final"]["test_perplexity"] == pytest.approx(
         math.exp(written["final"]["test_loss"]), rel=1e-6)
+    # MFU: achieved model FLOP/s over the peak this machine measured once (and cached).
+    final, history = written["final"], written["history"]
+    (peak,) = json.loads((tmp_path / "cache" / "cemlab" / "peak_flops.json").read_text()).values()
+    assert final["peak_flops_per_s"] == peak  # one worker
+    assert history["mfu"]["20"] == pytest.approx(history["flops_per_s"]["20"] / peak)
+    assert 0 < final["train_mfu"] < 1 and f"MFU {100 * history['mfu']['20']:.1f}%" in steps[1]
+    assert final["peak_memory_mib"] > 100  # the interpreter with torch loaded, at least
 
 
 def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path):

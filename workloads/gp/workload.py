@@ -110,8 +110,8 @@ class GPRegression(Workload[GPConfig, None]):
 
         Per step ``loss`` (MSE, mean over workers) and ``lr``; every ``eval_interval`` steps
         ``val_rmse`` and a checkpoint (model, optimizer, schedule, step), from which a
-        resubmitted trial resumes. At the end ``test_rmse``, ``val_rmse`` and ``train_wall_s``,
-        which it returns.
+        resubmitted trial resumes. At the end ``test_rmse``, ``val_rmse``, ``train_wall_s``,
+        ``train_mfu`` and ``peak_memory_mib`` (``Session.efficiency``), which it returns.
         """
         trial, g = job.trial, job.trial.config
         rank, world = session.rank, session.world_size
@@ -150,10 +150,13 @@ class GPRegression(Workload[GPConfig, None]):
                     session.checkpoint(engine, step, metrics)
             if step % trial.training.log_interval == 0:
                 session.info("[gp] step %d/%d | mse %.4f | lr %.2e", step, trial.steps, mse, lr)
+        efficiency = session.efficiency(gp_flops_per_sample(trial.model, g.input_dim)
+                                        * per_worker * world * (trial.steps - start_step),
+                                        engine.device)
         with clock.phase("eval"):
             final = {"val_rmse": rmse(engine, *val),
                      "test_rmse": rmse(engine, data.x["test"], data.y["test"]),
-                     "train_wall_s": time.perf_counter() - start}
+                     "train_wall_s": time.perf_counter() - start, **efficiency}
             session.log(final, trial.steps)
             session.flush()
         session.info("[gp] done: test RMSE %.4f (noise %.3f)", final["test_rmse"], g.noise_std)

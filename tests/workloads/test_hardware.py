@@ -1,0 +1,54 @@
+"""``workloads.hardware``: the peak FLOP/s MFU divides by, and a process's peak memory."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from workloads import hardware
+
+
+@pytest.mark.parametrize(("name", "precision", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+    ("NVIDIA H100 PCIe", "bf16", 756.0),  # the specific entry before the generic one
+    ("NVIDIA H200", "fp32", 67.0),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+    ("NVIDIA A100-PCIE-40GB", "fp32", 19.5),
+])
+def test_known_gpus_take_their_datasheet_peak(name, precision, tflops):
+    flops, source = hardware.table_peak(name, precision)
+    assert flops == tflops * 1e12 and source.startswith("table: ")
+
+
+def test_an_unknown_gpu_is_not_guessed():
+    assert hardware.table_peak("Tesla T4", "bf16") is None
+
+
+def test_the_cpu_peak_is_a_matmul_rate_measured_once_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    flops, source = hardware.peak_flops("cpu", "fp32")
+    assert source.startswith("measured: ") and f"{torch.get_num_threads()} thread" in source
+    # Independently: one timed 512^3 matmul cannot beat the measured best by much.
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    a @ b
+    start = time.perf_counter()
+    a @ b
+    assert 2 * 512**3 / (time.perf_counter() - start) < 2 * flops
+    cache = tmp_path / "cemlab" / "peak_flops.json"
+    (key,) = json.loads(cache.read_text())
+    assert json.loads(cache.read_text())[key] == flops
+    cache.write_text(json.dumps({key: 123.0}))  # read back, not measured again
+    assert hardware.peak_flops("cpu", "fp32") == (123.0, source)
+    with pytest.raises(KeyError):
+        hardware.peak_flops("cpu", "fp16")
+
+
+def test_peak_memory_follows_what_the_process_touched():
+    before = hardware.peak_memory_bytes("cpu")
+    with open("/proc/self/status") as f:  # the kernel's own high-water mark, independently
+        hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+    assert before == pytest.approx(hwm, rel=0.05)
+    block = torch.ones(96 * 2**20 // 4 + before // 4)  # beyond the old peak by 96 MiB
+    assert hardware.peak_memory_bytes("cpu") >= before + 90 * 2**20
+    del block
