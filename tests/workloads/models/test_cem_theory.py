@@ -188,15 +188,26 @@ def test_one_step_is_a_tied_pre_norm_llama_layer_with_alibi():
     torch.testing.assert_close(cem_mlp(h), llama_mlp(h))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(("diag", "exact"), [("none", False), ("shared", True),
                                              ("per_head", True), ("shared", False)])
-def test_sdpa_path_equals_the_reference_path(diag, exact, monkeypatch):
+def test_sdpa_path_equals_the_explicit_path(diag, exact, dtype, monkeypatch):
     layer = make(CEMAttention, seed=5, attention="cem", n_head=2, kq_diag=diag, attn_steps=2,
-                 energy_exact=exact, attn_preconditioner="diag_lowrank")
-    h = torch.randn(2, 7, layer.cfg.d_model, dtype=torch.float64)
-    fast = layer(h)
-    monkeypatch.setattr(CEMAttention, "use_sdpa", False)
-    torch.testing.assert_close(fast, layer(h))
+                 energy_exact=exact, attn_preconditioner="diag_lowrank").to(dtype)
+    h = torch.randn(2, 7, layer.cfg.d_model, dtype=dtype)
+
+    def outputs_and_gradients(kernel: str) -> list[torch.Tensor]:
+        monkeypatch.setattr(CEMAttention, "kernel", kernel)
+        layer.zero_grad()
+        x = h.clone().requires_grad_(True)
+        out = layer(x)
+        out.square().sum().backward()
+        return [out, x.grad, *(p.grad for p in layer.parameters())]
+
+    fused, explicit = outputs_and_gradients("sdpa"), outputs_and_gradients("explicit")
+    tol = {} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    for a, b in zip(fused, explicit, strict=True):
+        torch.testing.assert_close(a, b, **tol)
 
 
 @pytest.mark.parametrize("diag", ["none", "shared"])
