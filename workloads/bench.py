@@ -1,7 +1,7 @@
 """Forward+backward throughput of every variant at equal dimensions.
 
-    python -m workloads.bench --preset micro [--batch 8] [--seconds 3] [--precision fp32]
-                              [--json-out FILE]
+    python -m workloads.bench --preset micro [--batch 8] [--seconds 6] [--rounds 3]
+                              [--precision fp32] [--cem-kernel sdpa] [--json-out FILE]
 
 On the GPU when there is one, else the CPU, with the model cast to ``--precision`` (``auto``:
 bf16 where supported, as the trials train). Prints a table (tokens/s, step time relative to
@@ -24,6 +24,7 @@ from tabulate import tabulate
 
 from workloads.hardware import device_name, peak_flops, peak_memory_bytes
 from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
+from workloads.models.cem import CEMAttention
 from workloads.models.config import CEM_BEST
 from workloads.optim import resolve_precision
 
@@ -38,8 +39,9 @@ VARIANTS: dict[str, dict] = {
 
 
 def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
-            precision: str) -> float:
-    """Seconds per forward+backward step on (batch, context_length) tokens (median of runs)."""
+            precision: str) -> list[float]:
+    """Seconds of each forward+backward step on (batch, context_length) tokens, timed for about
+    ``seconds`` (at least 3 steps) after 2 warm-up steps."""
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
     model = build_model(cfg).to(device=device, dtype=dtype)
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
@@ -58,25 +60,34 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return times
 
 
-def run(preset: str, batch: int, seconds: float, device: torch.device,
-        precision: str) -> list[dict]:
-    rows, llama_time = [], None
+def run(preset: str, batch: int, seconds: float, device: torch.device, precision: str,
+        rounds: int = 3) -> list[dict]:
+    """One row per variant: the median step time over ``rounds`` rounds that visit every
+    variant in turn (``seconds`` per variant in all), so that a machine's drift does not
+    favour the variant measured first."""
     peak = peak_flops(device, precision)[0]
-    for name, overrides in VARIANTS.items():
-        cfg = ModelConfig.from_preset(preset, **overrides)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        t = measure(cfg, batch, seconds, device, precision)
+    configs = {name: ModelConfig.from_preset(preset, **o) for name, o in VARIANTS.items()}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    memory = dict.fromkeys(configs, 0.0)
+    for _ in range(rounds):
+        for name, cfg in configs.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            times[name] += measure(cfg, batch, seconds / rounds, device, precision)
+            memory[name] = max(memory[name], peak_memory_bytes(device) / 2**20)
+    rows, llama_time = [], None
+    for name, cfg in configs.items():
+        t = sorted(times[name])[len(times[name]) // 2]
         tokens = batch * cfg.context_length
         llama_time = llama_time or t
         flops = flops_per_token(cfg, cfg.context_length) * tokens / t
         rows.append({"variant": name, "params": count_parameters(build_model(cfg))["total"],
                      "step_ms": 1000 * t, "tokens_per_s": tokens / t,
                      "step_time_vs_llama": t / llama_time, "gflops_per_s": flops / 1e9,
-                     "mfu": flops / peak, "peak_memory_mib": peak_memory_bytes(device) / 2**20})
+                     "mfu": flops / peak, "peak_memory_mib": memory[name]})
     return rows
 
 
@@ -85,13 +96,19 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="micro")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=3.0, help="timing per variant")
+    parser.add_argument("--seconds", type=float, default=6.0, help="timing per variant, "
+                        "spread over --rounds rounds")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="fp32")
+    parser.add_argument("--cem-kernel", choices=["sdpa", "explicit"], default="sdpa",
+                        help="CEMAttention.kernel (explicit: faster in bf16 on a CPU, scores "
+                        "rounded to bf16)")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    CEMAttention.kernel = args.cem_kernel
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(args.precision)
-    rows = run(args.preset, args.batch, args.seconds, device, precision)
+    rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds)
     cfg = ModelConfig.from_preset(args.preset)
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
           f"context {cfg.context_length}), batch {args.batch}, {precision} on {device_name(device)}"
