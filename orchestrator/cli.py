@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.results import format_status
 
         print(format_status(spec, rows, len(plan(spec))))
-        _print_efficiency(spec.name, time_split=True)
+        _print_efficiency(spec.name, {r.trial_hash for r in rows}, time_split=True)
         return 0
     table = optima(spec, rows)
     if not table:
@@ -122,13 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Akima optima over log2(LR): the LR chosen on validation {short_metric(spec)}, "
           f"test reported there, experiment '{spec.name}'")
     print(format_optima(table, short_metric(spec)))
-    _print_efficiency(spec.name, time_split=False)
+    _print_efficiency(spec.name, {r.trial_hash for r in rows}, time_split=False)
     return 0
 
 
-def _print_efficiency(experiment: str, time_split: bool) -> None:
-    """The experiment's MFU and peak memory per variant and size (with ``time_split``, first
-    its time split) from MLflow, or one line on why there are none."""
+def _print_efficiency(experiment: str, trial_ids: set[str], time_split: bool) -> None:
+    """The MFU and peak memory per variant and size of the experiment's trials ``trial_ids``
+    (with ``time_split``, first their time split) from MLflow, or one line on why there are
+    none."""
     from mlflow import MlflowClient
 
     from orchestrator.results import format_efficiency, format_time_split
@@ -142,7 +143,7 @@ def _print_efficiency(experiment: str, time_split: bool) -> None:
     except Exception as e:  # status and results still answer from the ledger
         print(f"time split, MFU and memory: MLflow unavailable ({str(e).splitlines()[0]})")
         return
-    trials = finished_trials(MlflowClient(uri), experiment)
+    trials = finished_trials(MlflowClient(uri), experiment, trial_ids)
     if time_split:
         print(format_time_split(trials))
     print(format_efficiency(trials))

@@ -124,17 +124,19 @@ def log_timing(client: MlflowClient, run_id: str, seconds: dict[str, float]) -> 
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in seconds.items()])
 
 
-def finished_trials(client: MlflowClient, experiment: str) -> list[dict[str, Any]]:
-    """The trial runs of MLflow experiment ``experiment`` that logged a time breakdown (a
-    finished trial's last act), each as ``{"variant", "size", "metrics"}`` (its tags, and the
-    last value of every metric)."""
+def finished_trials(client: MlflowClient, experiment: str,
+                    trial_ids: set[str] | None = None) -> list[dict[str, Any]]:
+    """The trial runs of MLflow experiment ``experiment`` (of ``trial_ids`` only, when given)
+    that logged a time breakdown (a finished trial's last act), each as ``{"variant", "size",
+    "metrics"}`` (its tags, and the last value of every metric)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return []
     runs = client.search_runs([exp.experiment_id], f"tags.`{ROLE_TAG}` = 'trial' and "
                               "metrics.`time/total_s` >= 0", max_results=50_000)
     return [{"variant": r.data.tags.get("variant", "?"), "size": r.data.tags.get("size", "?"),
-             "metrics": dict(r.data.metrics)} for r in runs]
+             "metrics": dict(r.data.metrics)} for r in runs
+            if trial_ids is None or r.data.tags.get(TRIAL_TAG) in trial_ids]
 
 
 def mirror_status(client: MlflowClient, run_id: str, status: Status) -> None:
