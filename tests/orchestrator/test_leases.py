@@ -57,12 +57,12 @@ def test_waiting_ends_when_the_held_trials_settle(tmp_path):
 
 def test_waiting_hands_back_the_open_trials_once_a_holder_lapses(tmp_path, capsys):
     ledger, exp_id, rows = _ledger(tmp_path, 3)
+    started = time.monotonic()  # the dead holder's 0.3 s lease runs from here
     ledger.acquire(rows[0], "dead", lease_s=0.3)
     ledger.acquire(rows[1], "alive", lease_s=60)
     ledger.acquire(rows[2], "alive", lease_s=60)
     ledger.update_trial(rows[2], status=Status.FINISHED)
     held = [_trial("t0"), _trial("t1"), _trial("t2")]
-    started = time.monotonic()
     again = wait_for_holders(ledger, exp_id, held, poll_s=0.05)
     assert [t.trial_id for t in again] == ["t0", "t1"]  # t1 is claimed again, and found held
     assert 0.25 <= time.monotonic() - started < 5
