@@ -175,30 +175,31 @@ class ExperimentSpec(StrictModel):
             raise _FieldError(("training", "budget_scale"),
                               f"needs one scale per size {sorted(self.sizes)}, got "
                               f"{sorted(scales)}")
+        models = {}
         for size in self.sizes:
             for name, variant in self.variants.items():
                 try:
-                    variant.resolve(size)
+                    models[name, size] = variant.resolve(size)
                 except (ValueError, TypeError) as e:
                     raise _FieldError(("variants", name), f"{e} (size {size})") from None
-        self._fits_gpus()
+        self._fits_gpus(models)
         return self
 
-    def _fits_gpus(self) -> None:
+    def _fits_gpus(self, models: dict[tuple[str, str], ModelConfig]) -> None:
         """Refuse a trial whose estimated memory per GPU (``workloads.memory.trial_memory`` at
-        the spec's ``micro_batch_size``) exceeds ``resources.gpu_memory_gb``."""
+        the spec's ``micro_batch_size``) exceeds ``resources.gpu_memory_gb``; ``models``: each
+        (variant, size)'s resolved config."""
         r, t = self.resources, self.training
         if not (r.use_gpu and r.gpu_memory_gb):
             return
-        for size in self.sizes:
-            for name, variant in self.variants.items():
-                need = trial_memory(variant.resolve(size), t, r, t.micro_batch_size)
-                if need.total > r.gpu_memory_gb * 2**30:
-                    raise _FieldError(("resources", "gpu_memory_gb"), (
-                        f"{name}@{size} needs about {need.describe()} per GPU with ZeRO "
-                        f"{t.zero_stage} on {r.num_workers} GPU(s) at micro_batch_size "
-                        f"{t.micro_batch_size}, more than the {r.gpu_memory_gb:g} GiB given: "
-                        "lower training.micro_batch_size, raise the ZeRO stage or add GPUs"))
+        for (name, size), model in models.items():
+            need = trial_memory(model, t, r, t.micro_batch_size)
+            if need.total > r.gpu_memory_gb * 2**30:
+                raise _FieldError(("resources", "gpu_memory_gb"), (
+                    f"{name}@{size} needs about {need.describe()} per GPU with ZeRO "
+                    f"{t.zero_stage} on {r.num_workers} GPU(s) at micro_batch_size "
+                    f"{t.micro_batch_size}, more than the {r.gpu_memory_gb:g} GiB given: "
+                    "lower training.micro_batch_size, raise the ZeRO stage or add GPUs"))
 
 
 def _field_names() -> frozenset[str]:

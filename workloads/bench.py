@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tabulate import tabulate
 
-from workloads.hardware import device_name, peak_flops, peak_memory_bytes
+from workloads.hardware import DTYPES, device_name, peak_flops, peak_memory_bytes
 from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
 from workloads.models.cem import CEMAttention
 from workloads.models.config import CEM_BEST
@@ -42,7 +42,7 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
             precision: str) -> list[float]:
     """Seconds of each forward+backward step on (batch, context_length) tokens, timed for about
     ``seconds`` (at least 3 steps) after 2 warm-up steps."""
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    dtype = DTYPES[precision]
     model = build_model(cfg).to(device=device, dtype=dtype)
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
 

@@ -29,7 +29,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "fp32": 19.5},
 }
 
-_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # precision name: torch dtype
 
 
 def measure_matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = 1024,
@@ -38,8 +38,8 @@ def measure_matmul_flops(precision: str, device: torch.device | str = "cpu", n: 
     (``bf16`` or ``fp32``) on ``device``, over ``repeats`` timed runs after one warm-up, with this
     process's torch threads."""
     device = torch.device(device)
-    a = torch.randn(n, n, device=device).to(_DTYPES[precision])
-    b = torch.randn(n, n, device=device).to(_DTYPES[precision])
+    a = torch.randn(n, n, device=device).to(DTYPES[precision])
+    b = torch.randn(n, n, device=device).to(DTYPES[precision])
     best = float("inf")
     for i in range(repeats + 1):
         if device.type == "cuda":
@@ -97,7 +97,7 @@ def peak_flops(device: torch.device | str, precision: str) -> tuple[float, str]:
         KeyError: ``precision`` is neither ``bf16`` nor ``fp32``.
     """
     device = torch.device(device)
-    _DTYPES[precision]  # noqa: B018 - the KeyError for an unknown precision
+    DTYPES[precision]  # noqa: B018 - the KeyError for an unknown precision
     name = device_name(device)
     known = table_peak(name, precision) if device.type == "cuda" else None
     if known:

@@ -51,6 +51,7 @@ class Session(ABC):
     def __init__(self, job: Job) -> None:
         self.job = job
         self.clock = PhaseClock(job.submitted_at)  # time/startup_s, train_s, eval_s, ...
+        self._peak_flops: float | None = None  # per worker, once looked up
 
     @property
     def precision(self) -> str:
@@ -70,10 +71,11 @@ class Session(ABC):
 
     def peak_flops(self, device: torch.device) -> float:
         """Peak FLOP/s of this worker's ``device`` in the session's precision
-        (``workloads.hardware.peak_flops``), logged once with its source."""
-        peak, source = hardware.peak_flops(device, self.precision)
-        self.info("[train] MFU against %.3g FLOP/s per worker (%s)", peak, source)
-        return peak
+        (``workloads.hardware.peak_flops``), looked up and logged with its source once."""
+        if self._peak_flops is None:
+            self._peak_flops, source = hardware.peak_flops(device, self.precision)
+            self.info("[train] MFU against %.3g FLOP/s per worker (%s)", self._peak_flops, source)
+        return self._peak_flops
 
     def efficiency(self, flops: float, device: torch.device) -> dict[str, float]:
         """``train_mfu``: ``flops`` (the model FLOPs of the steps this attempt trained, all
@@ -85,7 +87,7 @@ class Session(ABC):
         memory[self.rank] = hardware.peak_memory_bytes(device)
         self.all_reduce(memory)
         seconds = self.clock.seconds["train"]
-        peak = hardware.peak_flops(device, self.precision)[0] * self.world_size
+        peak = self.peak_flops(device) * self.world_size
         return {"train_mfu": flops / seconds / peak if seconds > 0 else 0.0,
                 "peak_flops_per_s": peak, "peak_memory_mib": memory.max().item() / 2**20}
 
