@@ -72,6 +72,17 @@ def akima_optimum(lrs: list[float], values: list[float]) -> Optimum:
                    len(x))
 
 
+def akima_curve(lrs: list[float], values: list[float], at: np.ndarray) -> np.ndarray:
+    """The Akima interpolant of ``values`` over log2(``lrs``) at the learning rates ``at``
+    (clipped to the grid's range): the curve a sweep plot draws.
+
+    Raises:
+        ValueError: as ``_interpolant``.
+    """
+    x, _, f = _interpolant(lrs, values)
+    return np.asarray(f(np.clip(np.log2(np.asarray(at, dtype=float)), x[0], x[-1])), dtype=float)
+
+
 def akima_value(lrs: list[float], values: list[float], lr: float) -> float:
     """The Akima interpolant of ``values`` over log2(``lrs``) at ``lr`` (within the grid).
 
