@@ -69,8 +69,7 @@ reproduce-cpu: up
 
 dashboard: up
 	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \
-	  streamlit run dashboards/app.py --server.address 127.0.0.1 \
-	    --server.port $(DASHBOARD_PORT) --server.headless true --browser.gatherUsageStats false
+	  streamlit run dashboards/app.py --server.port $(DASHBOARD_PORT)  # rest: .streamlit/config.toml
 
 down:
 	@infra/local/down.sh

@@ -1,0 +1,84 @@
+"""Compare: test perplexity against parameters (total or non-embedding) or training FLOPs,
+across any experiments, variants and sizes; mean ± std over seeds at each variant's learning
+rate chosen on validation; one power law L(N) = E + A·N^(-alpha) per family with a bootstrap
+band, and the headline saving of each CEM family against Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from dashboards import frames, plots, reads, ui
+from orchestrator import scaling
+
+st.title("Compare across experiments")
+uri, ledger = ui.sources()
+names = ui.language_experiments(reads.experiment_names(uri))
+if not names:
+    ui.nothing_yet("No language-model experiment has runs yet.")
+    st.stop()
+
+chosen_names = st.sidebar.multiselect("Experiments", names, default=names, key="cmp_exps")
+runs = reads.trial_runs(uri, ledger, tuple(chosen_names))
+variants = sorted(runs["variant"].dropna().unique())
+sizes = sorted(runs["size"].dropna().unique())
+pick_v = st.sidebar.multiselect("Variants", variants, default=variants, key="cmp_variants")
+pick_s = st.sidebar.multiselect("Sizes", sizes, default=sizes, key="cmp_sizes")
+axis = st.radio("x axis", list(plots.AXES), index=1, format_func=plots.AXES.get,
+                horizontal=True, key="cmp_axis")
+log_x = st.toggle("log x axis", value=True, key="cmp_log")
+
+runs = runs[runs["variant"].isin(pick_v) & runs["size"].isin(pick_s)]
+points = frames.chosen(runs, "test_perplexity")
+if points.empty:
+    st.info("No finished trial among the selection yet: points appear as trials finish.")
+    st.stop()
+summary = frames.summary(points)
+
+
+
+@st.cache_data(ttl=reads.TTL_S, show_spinner="fitting power laws")
+def fit(n: tuple[float, ...], loss: tuple[float, ...]):
+    """The fit and its bootstrap band (``None`` with too few sizes), cached by the points."""
+    try:
+        return scaling.bootstrap_band(np.asarray(n), np.asarray(loss))[:2]
+    except ValueError:
+        return None
+
+
+@st.cache_data(ttl=reads.TTL_S, show_spinner=False)
+def saving(base_n, base_loss, fam: str, n, loss, what: str) -> scaling.Headline:
+    return scaling.headline("Llama", np.asarray(base_n), np.asarray(base_loss), fam,
+                            np.asarray(n), np.asarray(loss), what=what)
+
+
+fits, too_few = {}, []
+for fam, part in points.groupby("family"):
+    result = fit(tuple(part[axis].astype(float)), tuple(part["test"].astype(float)))
+    if result is None:
+        too_few.append(f"{fam} ({part[axis].nunique()} sizes)")
+    else:
+        fits[fam] = result
+
+what = {"params_total": "parameters", "params_non_embedding": "non-embedding parameters",
+        "train_flops": "training FLOPs"}[axis]
+baseline = points[points["family"] == "Llama"]
+for fam in sorted(set(points["family"]) - {"Llama"}):
+    if baseline.empty:
+        break
+    part = points[points["family"] == fam]
+    head = saving(tuple(baseline[axis].astype(float)), tuple(baseline["test"].astype(float)),
+                  fam, tuple(part[axis].astype(float)), tuple(part["test"].astype(float)), what)
+    (st.success if head.fewer is not None else st.warning)(head.text)
+if too_few and baseline.empty:  # with a baseline, its headline says so already
+    st.warning("Not enough sizes to fit a power law (3 needed): " + ", ".join(too_few))
+
+fig = plots.scaling(summary, axis, fits, "test_perplexity", log_x)
+ui.show(fig, summary, f"compare-{axis}")
+st.caption("Each point: one variant and size, the mean ± std over seeds of test perplexity at "
+           "the learning rate chosen on validation (Akima over log2 LR, per seed). Fits: "
+           "least squares in log-parametrised form; band: 95% percentile band of 200 "
+           "bootstrap refits (points resampled within each size).")
+if fits:
+    st.dataframe([{"family": f, "E": law.E, "A": law.A, "alpha": law.alpha}
+                  for f, (law, _) in fits.items()], hide_index=True)

@@ -1,0 +1,63 @@
+"""Overview: every experiment with its ledger progress, elapsed and estimated remaining time,
+and the failed trials with their one-line error; refreshes itself while anything runs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboards import frames, reads, ui
+
+REFRESH_S = 10
+
+st.title("Experiments")
+uri, ledger = ui.sources()
+
+
+def table() -> pd.DataFrame:
+    experiments = reads.ledger_experiments(ledger)
+    trials = {e["name"]: reads.ledger_trials(ledger, e["name"]) for e in experiments}
+    runs = reads.trial_runs(uri, ledger, tuple(trials))
+    return frames.progress(experiments, trials, runs), trials
+
+
+@st.fragment(run_every=REFRESH_S if st.session_state.get("overview_running") else None)
+def live() -> None:
+    progress, trials = table()
+    running = bool(progress["running"].sum()) if not progress.empty else False
+    if running != st.session_state.get("overview_running", False):
+        st.session_state["overview_running"] = running
+        st.rerun()  # switch the live refresh on or off
+    if progress.empty:
+        ui.nothing_yet("No experiment in the ledger yet.")
+        return
+    cols = st.columns(4)
+    for col, status in zip(cols, ("running", "pending", "finished", "failed")):
+        col.metric(f"trials {status}", int(progress[status].sum()))
+    shown = progress.sort_values("created", ascending=False).assign(
+        elapsed=progress["elapsed_s"].map(frames.duration),
+        remaining=progress["remaining_s"].map(frames.duration))
+    st.dataframe(shown.drop(columns=["elapsed_s", "remaining_s"]), hide_index=True,
+                 column_config={"done": st.column_config.ProgressColumn(
+                     "done", format="percent", min_value=0.0, max_value=1.0),
+                     "created": st.column_config.DatetimeColumn("created (UTC)")})
+    st.caption((f"Refreshing every {REFRESH_S} s while trials run. " if running else "")
+               + "Remaining: each unfinished trial's FLOPs over the FLOP/s its experiment's "
+               "finished trials achieved, plus the per-trial overhead `plan` assumes, over "
+               "the trials running at once (`-` until one trial has finished).")
+    failed = [{"experiment": name, "trial": r["trial"], "variant": r["variant"],
+               "size": r["size"], "lr": r["lr"], "seed": r["seed"],
+               "error": (r["error"] or "").strip().splitlines()[-1:] or [""]}
+              for name, rows in trials.items() for r in rows if r["status"] == "FAILED"]
+    st.subheader(f"Failed trials ({len(failed)})")
+    if failed:
+        frame = pd.DataFrame(failed)
+        frame["error"] = frame["error"].map(lambda e: e[0])
+        st.dataframe(frame, hide_index=True)
+        st.caption("A failed trial is retried by submitting its spec again; "
+                   "`python -m orchestrator status SPEC` prints its whole record.")
+    else:
+        st.caption("None.")
+
+
+live()
