@@ -221,9 +221,8 @@ def beside_paper(values: list, runs: pd.DataFrame, summary: pd.DataFrame) -> pd.
             ours = float(mine[mine["size"] == v.size]["params_total"].iloc[0])
         elif v.metric in ("attn_param_ratio", "mlp_param_ratio"):
             col = "params_attention" if v.metric == "attn_param_ratio" else "params_mlp"
-            base = runs[runs["family"] == "Llama"].groupby("size")[col].first() \
-                if "family" in runs else runs[runs["attention"].ne("cem") & runs["mlp"].ne(
-                    "cem")].groupby("size")[col].first()
+            llama = runs[runs["attention"].ne("cem") & runs["mlp"].ne("cem")]
+            base = llama.groupby("size")[col].first()
             ratio = (mine.groupby("size")[col].first() / base).dropna()
             ours = float(ratio.mean()) if not ratio.empty else math.nan
         elif v.metric == "opt_lr" and (summary["variant"] == v.variant).any():

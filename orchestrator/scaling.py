@@ -207,7 +207,9 @@ def parameter_saving(baseline: PowerLaw, treatment: PowerLaw, at_n: float) -> fl
 
 
 def _size(n: float) -> str:
-    """``n`` parameters, short: 134M, 1.3B, 12k."""
+    """``n`` parameters (or FLOPs), short: 134M, 1.3B, 12k; 3.1e+18 past the trillions."""
+    if n >= 1e15:
+        return f"{n:.2g}"
     for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
@@ -221,41 +223,62 @@ def _saving(s: float) -> str:
     return f"{abs(s) * 100:.0f}% {'fewer' if s >= 0 else 'more'}"
 
 
-def headline(baseline_name: str, baseline_n: Sequence[float], baseline_loss: Sequence[float],
-             treatment_name: str, treatment_n: Sequence[float],
-             treatment_loss: Sequence[float], *, what: str = "non-embedding parameters",
-             metric: str = "perplexity", samples: int = 200, level: float = 0.95,
-             seed: int = 0) -> Headline:
+@dataclass(frozen=True)
+class Family:
+    """One family's points fitted: ``sizes`` distinct N up to ``max_n``; with at least
+    ``MIN_SIZES`` sizes, its ``fit``, ``band`` and bootstrap ``fits`` (``bootstrap_band``),
+    else None and none."""
+
+    sizes: int
+    max_n: float
+    fit: PowerLaw | None = None
+    band: Band | None = None
+    fits: tuple[PowerLaw, ...] = ()
+
+
+def fit_family(n: Sequence[float], loss: Sequence[float], *, samples: int = 200,
+               level: float = 0.95, seed: int = 0) -> Family:
+    """``bootstrap_band`` of a family's points, or only its size count when it has fewer than
+    ``MIN_SIZES`` distinct sizes (no fit: that is the truth, not an error). Give each family
+    its own ``seed``: families resampled alike would have correlated bootstrap fits.
+
+    Raises:
+        ValueError: as ``bootstrap_band``, once there are enough sizes.
+    """
+    x, y = _points(n, loss)
+    sizes = len(np.unique(x))
+    if sizes < MIN_SIZES:
+        return Family(sizes, float(x.max()))
+    fit, band, fits = bootstrap_band(x, y, samples=samples, level=level, seed=seed)
+    return Family(sizes, float(x.max()), fit, band, tuple(fits))
+
+
+def headline(baseline_name: str, baseline: Family, treatment_name: str, treatment: Family, *,
+             what: str = "non-embedding parameters", metric: str = "perplexity",
+             level: float = 0.95) -> Headline:
     """How many fewer ``what`` the treatment needs to reach the baseline's ``metric``, read at
     the largest baseline size measured, with a ``level`` interval.
 
-    Each family gets ``bootstrap_band`` (seeds ``seed`` and ``seed + 1``); the saving is
-    ``parameter_saving`` of the two full fits, its interval the percentiles of the savings of
-    the i-th bootstrap fits of both families paired (a resample whose treatment never reaches
-    the baseline counts as the lowest saving of all). E.g. "CEM reaches Llama's perplexity with
-    23% fewer non-embedding parameters (95% CI 15–31%) at 134M". With fewer than ``MIN_SIZES``
-    distinct sizes in either family, ``fewer`` is None and the text says so.
-
-    Raises:
-        ValueError: as ``bootstrap_band`` for either family, once both have enough sizes.
+    The saving is ``parameter_saving`` of the two full fits, its interval the percentiles of
+    the savings of the i-th bootstrap fits of both families paired (a resample whose treatment
+    never reaches the baseline counts as the lowest saving of all). E.g. "CEM reaches Llama's
+    perplexity with 23% fewer non-embedding parameters (95% CI 15–31%) at 134M". With fewer
+    than ``MIN_SIZES`` distinct sizes in either family, ``fewer`` is None and the text says so.
     """
-    xb, yb = _points(baseline_n, baseline_loss)
-    xt, yt = _points(treatment_n, treatment_loss)
-    k_t, k_b = len(np.unique(xt)), len(np.unique(xb))
-    if min(k_t, k_b) < MIN_SIZES:
+    k_t, k_b = treatment.sizes, baseline.sizes
+    if treatment.fit is None or baseline.fit is None:
         return Headline(f"not enough sizes to fit: {treatment_name} has {k_t} "
                         f"size{'s' * (k_t != 1)}, {baseline_name} has {k_b}; a power law needs "
                         f"{MIN_SIZES}", None, None, None)
-    fit_b, _, boot_b = bootstrap_band(xb, yb, samples=samples, level=level, seed=seed)
-    fit_t, _, boot_t = bootstrap_band(xt, yt, samples=samples, level=level, seed=seed + 1)
-    at_n = float(xb.max())
+    fit_b, fit_t, at_n = baseline.fit, treatment.fit, baseline.max_n
     where = f"at {_size(at_n)}"
     fewer = parameter_saving(fit_b, fit_t, at_n)
     if math.isnan(fewer):
         return Headline(f"{treatment_name}'s fitted law never reaches {baseline_name}'s "
                         f"{metric} {where} (its floor E = {fit_t.E:.4g} is at or above "
                         f"{fit_b(at_n):.4g})", None, None, at_n)
-    paired = np.array([parameter_saving(b, t, at_n) for b, t in zip(boot_b, boot_t)])
+    paired = np.array([parameter_saving(b, t, at_n)
+                       for b, t in zip(baseline.fits, treatment.fits)])
     paired = np.where(np.isnan(paired), -np.inf, paired)
     tail = (1 - level) / 2
     # No interpolation: an unreachable resample (-inf) must not turn a percentile into NaN.

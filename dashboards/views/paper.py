@@ -74,9 +74,7 @@ def draw(stem: str, title: str, layout: str) -> None:
     stated = paper_values(stem)
     if stated:
         st.markdown("**Numbers the paper states, beside ours**")
-        beside = frames.beside_paper(stated, runs.assign(family=[
-            frames.family(a, m) for a, m in zip(runs["attention"], runs["mlp"])]), summary)
-        st.dataframe(beside, hide_index=True)
+        st.dataframe(frames.beside_paper(stated, runs, summary), hide_index=True)
     else:
         st.caption("The paper states no number for this figure (its values are only plotted).")
 

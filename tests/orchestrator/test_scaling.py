@@ -11,6 +11,7 @@ from orchestrator.scaling import (
     MIN_SIZES,
     PowerLaw,
     bootstrap_band,
+    fit_family,
     fit_power_law,
     headline,
     parameter_saving,
@@ -92,7 +93,7 @@ def test_a_treatment_built_to_need_25_percent_fewer_parameters():
     assert parameter_saving(TRUE, TREATMENT, 1e6) == pytest.approx(0.25, abs=1e-12)
     n_b, loss_b = seeded(TRUE, noise=0.003, draw=1)
     n_t, loss_t = seeded(TREATMENT, noise=0.003, draw=2)
-    h = headline("Llama", n_b, loss_b, "CEM", n_t, loss_t)
+    h = headline("Llama", fit_family(n_b, loss_b), "CEM", fit_family(n_t, loss_t, seed=1))
     assert h.at_n == 16e6
     assert h.fewer == pytest.approx(0.25, abs=0.02)
     assert h.ci[0] <= 0.25 <= h.ci[1] and h.ci[1] - h.ci[0] < 0.1
@@ -103,8 +104,8 @@ def test_a_treatment_built_to_need_25_percent_fewer_parameters():
 
 def test_a_treatment_needing_more_parameters_says_more():
     worse = PowerLaw(E=TRUE.E, A=TRUE.A * 1.1**TRUE.alpha, alpha=TRUE.alpha)
-    h = headline("Llama", SIZES, TRUE(SIZES), "CEM", SIZES, worse(SIZES), samples=10,
-                 what="parameters", metric="loss")
+    h = headline("Llama", fit_family(SIZES, TRUE(SIZES), samples=10), "CEM",
+                 fit_family(SIZES, worse(SIZES), samples=10), what="parameters", metric="loss")
     assert h.fewer == pytest.approx(-0.1, abs=1e-6)
     assert h.text == "CEM reaches Llama's loss with 10% more parameters (95% CI 10–10%) at 16M"
 
@@ -112,17 +113,20 @@ def test_a_treatment_needing_more_parameters_says_more():
 def test_a_treatment_whose_floor_is_above_the_baseline_never_reaches_it():
     floor = PowerLaw(E=TRUE(16e6) + 1.0, A=TRUE.A, alpha=TRUE.alpha)
     assert math.isnan(parameter_saving(TRUE, floor, 16e6))
-    h = headline("Llama", SIZES, TRUE(SIZES), "CEM", SIZES, floor(SIZES), samples=5)
+    h = headline("Llama", fit_family(SIZES, TRUE(SIZES), samples=5), "CEM",
+                 fit_family(SIZES, floor(SIZES), samples=5))
     assert h.fewer is None and h.ci is None and "never reaches" in h.text
 
 
 def test_two_sizes_are_not_enough_to_fit():
     n = [1e6, 1e6, 2e6, 2e6]  # four points, two sizes
-    h = headline("Llama", n, [40.0, 41.0, 35.0, 35.5], "CEM", n, [39.0, 39.5, 34.0, 34.2])
+    h = headline("Llama", fit_family(n, [40.0, 41.0, 35.0, 35.5]), "CEM",
+                 fit_family(n, [39.0, 39.5, 34.0, 34.2]))
     assert (h.text, h.fewer, h.ci, h.at_n) == (
         "not enough sizes to fit: CEM has 2 sizes, Llama has 2; a power law needs 3",
         None, None, None)
-    h = headline("Llama", SIZES, TRUE(SIZES), "CEM", [1e6], [40.0])
+    h = headline("Llama", fit_family(SIZES, TRUE(SIZES), samples=5), "CEM",
+                 fit_family([1e6], [40.0]))
     assert h.text == "not enough sizes to fit: CEM has 1 size, Llama has 5; a power law needs 3"
     assert MIN_SIZES == 3
     with pytest.raises(ValueError, match="2 distinct sizes"):
