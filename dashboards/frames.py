@@ -87,15 +87,18 @@ def summary(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def progress(experiments: list[dict], trials: dict[str, list[dict]], runs: pd.DataFrame,
+             rates: dict[str, tuple[float, float]],
              now: dt.datetime | None = None) -> pd.DataFrame:
     """One row per ledger experiment: trials by status, elapsed time, and the remaining time
     as ``plan`` estimates a trial (its FLOPs over a FLOP/s rate, plus ``TRIAL_OVERHEAD_S``),
-    with the rate measured by the experiment's finished trials (``train_flops`` over
-    ``time/train_s``) instead of a calibration step; running trials count what is left of
-    their estimate, and as many trials run at once as run now. ``remaining_s`` is NaN until
-    a trial has finished (no rate yet) and 0 when nothing is left.
+    with the rate measured by the experiment's finished trials instead of a calibration step;
+    running trials count what is left of their estimate, and as many trials run at once as
+    run now. ``remaining_s`` is NaN until a trial has finished (no rate yet) and 0 when
+    nothing is left.
 
-    ``trials``: experiment name -> ``reads.ledger_trials``; ``runs``: ``reads.trial_runs``."""
+    ``trials``: experiment name -> ``reads.ledger_trials``; ``runs``: ``reads.trial_runs`` of
+    the experiments with unfinished trials; ``rates``: experiment name -> ``(FLOPs, seconds)``
+    of its finished trials' train steps (``reads.train_rate``)."""
     now = now or dt.datetime.now(dt.UTC).replace(tzinfo=None)
     out = []
     for e in experiments:
@@ -106,31 +109,34 @@ def progress(experiments: list[dict], trials: dict[str, list[dict]], runs: pd.Da
         active = counts["RUNNING"] > 0
         elapsed = ((now if active else max(ends, default=now)) - min(starts)).total_seconds() \
             if starts else 0.0
-        mine = runs[runs["experiment"] == e["name"]].set_index("run_id")
+        mine = runs[runs["experiment"] == e["name"]]
         out.append({"experiment": e["name"], "workload": e["workload"], **{
             s.lower(): counts[s] for s in STATUSES}, "trials": len(rows),
             "done": (counts["FINISHED"] + counts["FAILED"]) / len(rows) if rows else 0.0,
-            "elapsed_s": elapsed, "remaining_s": _remaining(rows, mine, now),
+            "elapsed_s": elapsed,
+            "remaining_s": _remaining(rows, mine, rates.get(e["name"], (0.0, 0.0)), now),
             "created": e["created_at"]})
     return pd.DataFrame(out, columns=["experiment", "workload", "pending", "running",
                                       "finished", "failed", "trials", "done", "elapsed_s",
                                       "remaining_s", "created"])
 
 
-def _remaining(rows: list[dict], runs: pd.DataFrame, now: dt.datetime) -> float:
+def _remaining(rows: list[dict], runs: pd.DataFrame, rate: tuple[float, float],
+               now: dt.datetime) -> float:
     left = [r for r in rows if r["status"] in ("PENDING", "RUNNING")]
     if not left:
         return 0.0
-    done = runs[(runs["status"] == "FINISHED") & runs["train_flops"].notna()
-                & runs["time/train_s"].notna()]
-    if done.empty or done["time/train_s"].sum() <= 0:
+    flops_done, seconds = rate
+    if flops_done <= 0 or seconds <= 0:
         return math.nan
-    rate = done["train_flops"].sum() / done["time/train_s"].sum()
+    per_s = flops_done / seconds
+    flops = runs.set_index("trial")["train_flops"] if not runs.empty else pd.Series(dtype=float)
+    known = flops.dropna()
     total = 0.0
     for r in left:
-        flops = runs["train_flops"].get(r["mlflow_run_id"]) if r["mlflow_run_id"] else None
-        estimate = (flops if flops is not None and not pd.isna(flops)
-                    else done["train_flops"].mean()) / rate + TRIAL_OVERHEAD_S
+        f = flops.get(r["trial"])
+        f = known.mean() if f is None or pd.isna(f) else f  # a group MLflow has no run of yet
+        estimate = f / per_s + TRIAL_OVERHEAD_S
         if r["status"] == "RUNNING" and r["started_at"]:
             estimate = max(estimate - (now - r["started_at"]).total_seconds(), 0.0)
         total += estimate
@@ -162,8 +168,9 @@ def seed_bands(history: pd.DataFrame, runs: pd.DataFrame, key: str, x: str,
                weight: float = 0.0) -> pd.DataFrame:
     """Metric ``key`` of ``history`` (``reads.metric_histories``) per group of runs that differ
     only by seed (variant, size, lr), smoothed per run (``smooth``), then mean, min and max over
-    seeds at every step. ``x``: ``step``, ``tokens`` (step x the trial's tokens per step) or
-    ``flops`` (tokens x ``flops_per_token``). Columns: ``group, x, mean, low, high, seeds``."""
+    seeds at every step. ``x``: ``step``, ``tokens`` (step x the trial's tokens per step, its
+    ``tokens`` over its ``steps``) or ``flops`` (tokens x ``flops_per_token``). Columns:
+    ``group, x, mean, low, high, seeds``."""
     part = history[history["key"] == key]
     meta = runs.set_index("run_id")
     frames = []
@@ -173,7 +180,8 @@ def seed_bands(history: pd.DataFrame, runs: pd.DataFrame, key: str, x: str,
         r = meta.loc[rid]
         h = h.sort_values("step")
         steps = h["step"].to_numpy(dtype=float)
-        per_step = _tokens_per_step(r, history, rid)
+        per_step = float(r["tokens"]) / float(r["steps"]) if r["tokens"] and r["steps"] \
+            else math.nan
         scale = {"step": 1.0, "tokens": per_step,
                  "flops": per_step * (r["flops_per_token"] or math.nan)}[x]
         frames.append(pd.DataFrame({
@@ -185,17 +193,6 @@ def seed_bands(history: pd.DataFrame, runs: pd.DataFrame, key: str, x: str,
     return allr.groupby(["group", "step"]).agg(
         x=("x", "mean"), mean=("value", "mean"), low=("value", "min"), high=("value", "max"),
         seeds=("value", "size")).reset_index().drop(columns="step")
-
-
-def _tokens_per_step(run: pd.Series, history: pd.DataFrame, run_id: str) -> float:
-    """Tokens per optimizer step of a run: from its ``tokens_seen`` history when read, else
-    its budget over its last logged step."""
-    seen = history[(history["run_id"] == run_id) & (history["key"] == "tokens_seen")]
-    if not seen.empty:
-        last = seen.loc[seen["step"].idxmax()]
-        return float(last["value"]) / max(float(last["step"]), 1.0)
-    steps = history[history["run_id"] == run_id]["step"].max()
-    return float(run["tokens"] or math.nan) / max(float(steps), 1.0)
 
 
 def recursion_pairs(summary: pd.DataFrame) -> pd.DataFrame:

@@ -66,22 +66,24 @@ def lr_sweep(runs: pd.DataFrame, chosen: pd.DataFrame, metric: str) -> go.Figure
     groups = list(runs.groupby(["variant", "size"], sort=True))
     for i, ((variant, size), part) in enumerate(groups):
         color = palette[i % len(palette)]
-        for seed, s in part.groupby("seed"):
-            s = s.sort_values("lr")
-            for col, key in ((1, val), (2, metric)):
-                lrs, ys = s["lr"].tolist(), s[key].tolist()
+        for col, key in ((1, val), (2, metric)):
+            xs, ys = [], []  # every seed's curve in one trace, NaN between them (fast)
+            for _, seed_runs in part.groupby("seed"):
+                seed_runs = seed_runs.sort_values("lr")
+                lrs, values = seed_runs["lr"].tolist(), seed_runs[key].tolist()
                 grid = np.geomspace(min(lrs), max(lrs), 60) if len(lrs) > 1 else np.array(lrs)
-                curve = akima_curve(lrs, ys, grid)
-                fig.add_trace(go.Scatter(
-                    x=grid, y=curve, mode="lines", line={"color": color, "width": 1},
-                    legendgroup=f"{variant}@{size}", showlegend=False, hoverinfo="skip"),
-                    row=1, col=col)
-                fig.add_trace(go.Scatter(
-                    x=lrs, y=ys, mode="markers", marker={"color": color, "size": 6},
-                    name=f"{variant}@{size}", legendgroup=f"{variant}@{size}",
-                    showlegend=bool(col == 1 and seed == part["seed"].min()),
-                    hovertemplate=f"{variant}@{size} seed {seed}<br>LR %{{x:.2e}}: "
-                    "%{y:.3f}<extra></extra>"), row=1, col=col)
+                xs += [*grid, np.nan]
+                ys += [*akima_curve(lrs, values, grid), np.nan]
+            fig.add_trace(go.Scatter(
+                x=xs, y=ys, mode="lines", line={"color": color, "width": 1},
+                legendgroup=f"{variant}@{size}", showlegend=False, hoverinfo="skip"),
+                row=1, col=col)
+            fig.add_trace(go.Scatter(
+                x=part["lr"], y=part[key], mode="markers", marker={"color": color, "size": 6},
+                name=f"{variant}@{size}", legendgroup=f"{variant}@{size}",
+                showlegend=col == 1, customdata=part["seed"],
+                hovertemplate=f"{variant}@{size} seed %{{customdata}}<br>LR %{{x:.2e}}: "
+                "%{y:.3f}<extra></extra>"), row=1, col=col)
         picks = chosen[(chosen["variant"] == variant) & (chosen["size"] == size)]
         for col, key in ((1, "val"), (2, "test")):
             fig.add_trace(go.Scatter(

@@ -1,7 +1,11 @@
 """Every read of the dashboard, in one place, read-only and cached (``st.cache_data`` with a
-short TTL): MLflow through its search API with server-side filters, and the ledger (which
-decides a trial's status; MLflow only follows it). Functions take the tracking URI and ledger
-URL as strings so that their results cache by value; they never write."""
+short TTL). The ledger gives each trial's coordinates, status and metrics (it decides them;
+MLflow only follows); MLflow, through its search API with server-side filters, gives what the
+ledger lacks: one run per (dataset, variant, size) for what its trials share (parameters,
+FLOPs, tokens), a sample of finished runs for the FLOP/s rate, metric histories, diagnostics
+and the registry. Never a download of every run: 1,000 of them take seconds to read.
+Functions take the tracking URI and ledger URL as strings so that their results cache by
+value; they never write."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import datetime as dt
 import os
 import urllib.error
 import urllib.request
+from collections import Counter
 
 import pandas as pd
 import streamlit as st
@@ -16,14 +21,13 @@ from mlflow import MlflowClient
 
 TTL_S = 15  # how stale a page may be: a live grid's new results appear within this
 ROLE = "tags.`cemlab.role`"
-_TAGS = ["variant", "size", "dataset", "attention", "mlp", "lr", "seed", "cemlab.trial_id",
-         "cemlab.exact_gradient", "mlflow.source.git.commit"]
-_METRICS = ["params_total", "params_non_embedding", "params_embedding", "params_attention",
-            "params_mlp", "flops_per_token", "test_perplexity", "val_perplexity",
-            "unigram_test_perplexity", "test_rmse", "val_rmse", "train_mfu", "peak_memory_mib",
-            "time/total_s", "time/train_s"]
-RUN_COLUMNS = ["experiment", "run_id", "run_name", "mlflow_status", "status", "tokens",
-               *[t.removeprefix("cemlab.") for t in _TAGS], *_METRICS, "train_flops"]
+RATE_SAMPLE = 20  # finished runs an experiment's FLOP/s rate is measured on (the newest)
+_SHARED = ["attention", "mlp", "exact_gradient", "params_total", "params_non_embedding",
+           "params_embedding", "params_attention", "params_mlp", "flops_per_token", "tokens",
+           "steps"]
+RUN_COLUMNS = ["experiment", "run_id", "run_name", "status", "dataset", "variant", "size", "lr",
+               "seed", "trial", "test_perplexity", "val_perplexity", "test_rmse", "val_rmse",
+               *_SHARED, "train_flops"]
 
 
 class Unreachable(RuntimeError):
@@ -68,53 +72,113 @@ def check_reachable(uri: str, timeout_s: float = 3.0) -> None:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def experiment_names(uri: str) -> list[str]:
-    """Experiments with at least one CEM Lab trial run, most recently created first."""
-    client = MlflowClient(uri)
-    exps = client.search_experiments(order_by=["creation_time DESC"])
-    return [e.name for e in exps
-            if client.search_runs([e.experiment_id], f"{ROLE} = 'trial'", max_results=1)]
+def experiment_names(ledger: str, workload: str | None = None) -> list[str]:
+    """The ledger's experiments that have trials (of ``workload`` only, when given), most
+    recently created first."""
+    return [e["name"] for e in sorted(ledger_experiments(ledger), key=lambda e: e["created_at"],
+                                      reverse=True)
+            if ledger_trials(ledger, e["name"]) and workload in (None, e["workload"])]
 
 
-def _run_row(experiment: str, run, statuses: dict[str, str]) -> dict:
+def _quoted(value: str) -> str:
+    """``value`` as a string literal of MLflow's search grammar."""
+    if "'" in value:
+        raise ValueError(f"a name with a quote cannot be searched for: {value!r}")
+    return f"'{value}'"
+
+
+def _shared(run) -> dict:
+    """What a trial run shares with every trial of its (dataset, variant, size)."""
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
-    tokens = float(params["tokens"]) if "tokens" in params else None
-    flops = metrics.get("flops_per_token")
-    return {"experiment": experiment, "run_id": run.info.run_id,
-            "run_name": run.info.run_name, "mlflow_status": run.info.status,
-            "status": statuses.get(run.info.run_id), "tokens": tokens,
-            **{t.removeprefix("cemlab."): tags.get(t) for t in _TAGS},
-            **{m: metrics.get(m) for m in _METRICS},
-            "train_flops": flops * tokens if flops is not None and tokens else None}
+    return {"attention": tags.get("attention"), "mlp": tags.get("mlp"),
+            "exact_gradient": tags.get("cemlab.exact_gradient"),
+            **{k: metrics.get(k) for k in _SHARED[3:-2]},
+            **{k: float(params[p]) if p in params else None
+               for k, p in (("tokens", "tokens"), ("steps", "training.steps"))}}
+
+
+def group_info(client: MlflowClient, experiment_id: str, trials: list[dict]) -> dict:
+    """``{(dataset, variant, size): shared}`` for the groups of ``trials`` (ledger rows):
+    sublayer kinds, ``exact_gradient``, parameter counts, ``flops_per_token``, ``tokens`` (the
+    budget) and ``steps``, read from MLflow trial runs found by server-side filters, never a
+    download of the grid. One search takes the runs of the (lr, seed) most groups have, one
+    run per group; a group it missed gets a search of its own. Groups MLflow has no run of
+    are left out."""
+    groups = {(r["dataset"], r["variant"], r["size"]) for r in trials}
+    if not groups:
+        return {}
+    lr, seed = Counter((r["lr"], r["seed"]) for r in trials).most_common(1)[0][0]
+    info: dict[tuple[str, str, str], dict] = {}
+    found = client.search_runs([experiment_id], f"{ROLE} = 'trial' and tags.lr = '{lr:g}' and "
+                               f"tags.seed = '{seed}'", max_results=10 * len(groups))
+    for group in sorted(groups - info.keys(), key=str):
+        runs = [r for r in found if (r.data.tags.get("dataset"), r.data.tags.get("variant"),
+                                     r.data.tags.get("size")) == group]
+        runs = runs or client.search_runs(
+            [experiment_id], f"{ROLE} = 'trial' and tags.dataset = {_quoted(group[0])} and "
+            f"tags.variant = {_quoted(group[1])} and tags.size = {_quoted(group[2])}",
+            max_results=1, order_by=["attributes.start_time DESC"])
+        if runs:
+            info[group] = _shared(runs[0])
+    return info
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def trial_runs(uri: str, ledger: str, experiments: tuple[str, ...]) -> pd.DataFrame:
-    """One row per trial run of ``experiments`` (never their parent runs), ``RUN_COLUMNS``:
-    tags (``lr`` a float, ``seed`` an int), final metrics, ``tokens`` (the trial's budget),
-    ``train_flops`` (``flops_per_token`` x tokens, analytic) and ``status`` (the ledger's)."""
+def experiment_trials(ledger: str, uri: str, experiment: str) -> pd.DataFrame:
+    """One row per trial of ``experiment``, ``RUN_COLUMNS``: the ledger's coordinates, status
+    and metrics (test and validation, under the workload's names), and what its (dataset,
+    variant, size) shares (``group_info``), with
+    ``train_flops`` (analytic ``flops_per_token`` x tokens). ``run_id`` is the trial's MLflow
+    run (None before it has one)."""
+    workload = next((e["workload"] for e in ledger_experiments(ledger)
+                     if e["name"] == experiment), None)
+    test = "test_rmse" if workload == "gp_regression" else "test_perplexity"
+    val = test.replace("test_", "val_")
+    trials = ledger_trials(ledger, experiment)
     client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    info = group_info(client, exp.experiment_id, trials) if exp else {}
     rows = []
-    for name in experiments:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            continue
-        statuses = trial_statuses(ledger, name)
-        runs = client.search_runs([exp.experiment_id], f"{ROLE} = 'trial'",
-                                  max_results=50_000)
-        rows += [_run_row(name, r, statuses) for r in runs]
+    for r in trials:
+        shared = info.get((r["dataset"], r["variant"], r["size"]), {})
+        flops, tokens = shared.get("flops_per_token"), shared.get("tokens")
+        rows.append({"experiment": experiment, "run_id": r["mlflow_run_id"],
+                     "run_name": f"{r['variant']}@{r['size']} lr={r['lr']:g} seed={r['seed']}",
+                     **{k: r[k] for k in ("status", "dataset", "variant", "size", "lr", "seed",
+                                          "trial")},
+                     test: r["metric"], val: r["val_metric"], **shared,
+                     "train_flops": flops * tokens if flops and tokens else None})
     frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    frame["lr"] = pd.to_numeric(frame["lr"])
+    numeric = ["lr", *_SHARED[3:], "train_flops", test, val]
+    frame[numeric] = frame[numeric].apply(pd.to_numeric)
     frame["seed"] = pd.to_numeric(frame["seed"]).astype("Int64")
     return frame
 
 
+def trial_runs(ledger: str, uri: str, experiments: tuple[str, ...]) -> pd.DataFrame:
+    """``experiment_trials`` of every experiment of ``experiments``, one frame."""
+    frames = [experiment_trials(ledger, uri, name) for name in experiments]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=RUN_COLUMNS)
+
+
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def trial_statuses(ledger: str, experiment: str) -> dict[str, str]:
-    """``{mlflow run id: ledger status}`` of the experiment's trials, the ledger opened without
-    migrating (it never creates a table); empty when the ledger lacks the experiment."""
-    return {r["mlflow_run_id"]: r["status"] for r in ledger_trials(ledger, experiment)
-            if r["mlflow_run_id"]}
+def train_rate(uri: str, experiment: str) -> tuple[float, float]:
+    """``(FLOPs, seconds)`` of the train steps of the experiment's newest ``RATE_SAMPLE``
+    finished trial runs (analytic ``flops_per_token`` x tokens, ``time/train_s``): their ratio
+    is the FLOP/s its trials achieve here. ``(0, 0)`` before one has finished."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], f"{ROLE} = 'trial' and "
+                              "metrics.`time/train_s` > 0", max_results=RATE_SAMPLE,
+                              order_by=["attributes.start_time DESC"]) if exp else []
+    flops = seconds = 0.0
+    for run in runs:
+        per_token, tokens = run.data.metrics.get("flops_per_token"), run.data.params.get("tokens")
+        if per_token and tokens:
+            flops += per_token * float(tokens)
+            seconds += run.data.metrics["time/train_s"]
+    return flops, seconds
 
 
 def _ledger(url: str):
@@ -130,6 +194,7 @@ def ledger_trials(ledger: str, experiment: str) -> list[dict]:
     exp = led.experiment(experiment)
     return [{"trial": r.trial_hash, "dataset": r.dataset, "variant": r.variant,
              "size": r.size, "lr": r.lr, "seed": r.seed, "status": str(r.status),
+             "metric": r.metric, "val_metric": r.val_metric,
              "mlflow_run_id": r.mlflow_run_id, "error": r.error, "started_at": r.started_at,
              "finished_at": r.finished_at, "updated_at": r.updated_at}
             for r in (led.trials(exp.id) if exp else [])]

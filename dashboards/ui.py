@@ -35,27 +35,17 @@ def show(fig: go.Figure, data: pd.DataFrame, name: str) -> None:
                        mime="text/csv", on_click="ignore", key=f"csv-{name}")
 
 
-def language_experiments(names: list[str]) -> list[str]:
-    """The experiments among ``names`` whose trials report a perplexity (language models)."""
-    uri, ledger = sources()
-    runs = reads.trial_runs(uri, ledger, tuple(names))
-    return [n for n in names if runs[runs["experiment"] == n]["params_total"].notna().any()
-            and not runs[runs["experiment"] == n]["test_rmse"].notna().any()]
-
-
 def one_experiment(key: str, language_only: bool = False) -> tuple[str, pd.DataFrame]:
     """A sidebar select of one experiment (language models only with ``language_only``) and
     its trial runs (``reads.trial_runs``); with none to pick, the page shows its empty state
     and stops."""
     uri, ledger = sources()
-    names = reads.experiment_names(uri)
-    if language_only:
-        names = language_experiments(names)
+    names = reads.experiment_names(ledger, "language_model" if language_only else None)
     if not names:
         nothing_yet(f"No {'language-model ' if language_only else ''}experiment has runs yet.")
         st.stop()
     experiment = st.sidebar.selectbox("Experiment", names, key=key)
-    return experiment, reads.trial_runs(uri, ledger, (experiment,))
+    return experiment, reads.trial_runs(ledger, uri, (experiment,))
 
 
 def nothing_yet(what: str) -> None:

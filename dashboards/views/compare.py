@@ -13,15 +13,17 @@ import streamlit as st
 from dashboards import frames, plots, reads, ui
 from orchestrator import scaling
 
+BOOTSTRAP = 100  # refits per family: a page answers within a second or two (cold)
+
 st.title("Compare across experiments")
 uri, ledger = ui.sources()
-names = ui.language_experiments(reads.experiment_names(uri))
+names = reads.experiment_names(ledger, "language_model")
 if not names:
     ui.nothing_yet("No language-model experiment has runs yet.")
     st.stop()
 
 chosen_names = st.sidebar.multiselect("Experiments", names, default=names, key="cmp_exps")
-runs = reads.trial_runs(uri, ledger, tuple(chosen_names))
+runs = reads.trial_runs(ledger, uri, tuple(chosen_names))
 variants = sorted(runs["variant"].dropna().unique())
 sizes = sorted(runs["size"].dropna().unique())
 pick_v = st.sidebar.multiselect("Variants", variants, default=variants, key="cmp_variants")
@@ -42,7 +44,8 @@ summary = frames.summary(points)
 def fit(fam: str, n: tuple[float, ...], loss: tuple[float, ...]) -> scaling.Family:
     """A family's fit and bootstrap band, cached by its points; resampled with a seed of its
     own (``zlib.crc32`` of its name), so that two families' bootstraps are independent."""
-    return scaling.fit_family(np.asarray(n), np.asarray(loss), seed=zlib.crc32(fam.encode()))
+    return scaling.fit_family(np.asarray(n), np.asarray(loss), samples=BOOTSTRAP,
+                              seed=zlib.crc32(fam.encode()))
 
 
 families = {fam: fit(fam, tuple(part[axis].astype(float)), tuple(part["test"].astype(float)))
@@ -64,7 +67,7 @@ fig = plots.scaling(summary, axis, fits, "test_perplexity", log_x)
 ui.show(fig, summary, f"compare-{axis}")
 st.caption("Each point: one variant and size, the mean ± std over seeds of test perplexity at "
            "the learning rate chosen on validation (Akima over log2 LR, per seed). Fits: "
-           "least squares in log-parametrised form; band: 95% percentile band of 200 "
+           f"least squares in log-parametrised form; band: 95% percentile band of {BOOTSTRAP} "
            "bootstrap refits (points resampled within each size).")
 if fits:
     st.dataframe([{"family": f, "E": law.E, "A": law.A, "alpha": law.alpha}

@@ -7,16 +7,16 @@ import streamlit as st
 
 from dashboards import frames, plots, reads, ui
 
-MAX_RUNS = 60  # histories read at once (one request per run and metric)
+MAX_RUNS = 40  # histories read at once (one request per run and metric)
 
 st.title("Training curves")
 uri, _ = ui.sources()
 experiment, runs = ui.one_experiment("curves_exp", language_only=True)
 lrs = sorted(runs["lr"].dropna().unique())
 variants = sorted(runs["variant"].dropna().unique())
-sizes = sorted(runs["size"].dropna().unique())
+sizes = list(runs.groupby("size")["params_total"].max().sort_values(na_position="first").index)
 pick_v = st.sidebar.multiselect("Variants", variants, default=variants, key="curves_v")
-pick_s = st.sidebar.multiselect("Sizes", sizes, default=sizes, key="curves_s")
+pick_s = st.sidebar.multiselect("Sizes", sizes, default=sizes[-1:], key="curves_s")
 pick_lr = st.sidebar.multiselect("Learning rates", lrs, default=[lrs[len(lrs) // 2]],
                                  format_func=lambda v: f"{v:g}", key="curves_lr")
 x = st.radio("x axis", ["tokens", "flops", "step"], horizontal=True, key="curves_x",
@@ -33,8 +33,8 @@ if len(chosen) > MAX_RUNS:
 if chosen.empty:
     st.info("No run matches the selection.")
     st.stop()
-history = reads.metric_histories(uri, tuple(chosen["run_id"]),
-                                 ("loss", "tokens_seen", "val_perplexity"))
+history = reads.metric_histories(uri, tuple(chosen["run_id"].dropna()),
+                                 ("loss", "val_perplexity"))
 if history.empty:
     st.info("The selected runs have logged no metric yet.")
     st.stop()

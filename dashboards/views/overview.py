@@ -14,11 +14,14 @@ st.title("Experiments")
 uri, ledger = ui.sources()
 
 
-def table() -> pd.DataFrame:
+def table() -> tuple[pd.DataFrame, dict[str, list[dict]]]:
     experiments = reads.ledger_experiments(ledger)
     trials = {e["name"]: reads.ledger_trials(ledger, e["name"]) for e in experiments}
-    runs = reads.trial_runs(uri, ledger, tuple(trials))
-    return frames.progress(experiments, trials, runs), trials
+    active = tuple(name for name, rows in trials.items()  # only these need MLflow's numbers
+                   if any(r["status"] in ("PENDING", "RUNNING") for r in rows))
+    runs = reads.trial_runs(ledger, uri, active)
+    rates = {name: reads.train_rate(uri, name) for name in active}
+    return frames.progress(experiments, trials, runs, rates), trials
 
 
 @st.fragment(run_every=REFRESH_S if st.session_state.get("overview_running") else None)

@@ -30,7 +30,7 @@ FIGURES = [  # (spec stem, tab, what the paper's figure shows, layout)
 
 st.title("The paper's figures")
 uri, ledger = ui.sources()
-names = set(reads.experiment_names(uri))
+names = set(reads.experiment_names(ledger))
 
 
 def draw(stem: str, title: str, layout: str) -> None:
@@ -43,7 +43,7 @@ def draw(stem: str, title: str, layout: str) -> None:
         return
     experiment = st.radio("Scale", have, horizontal=True, key=f"scale-{stem}") \
         if len(have) > 1 else have[0]
-    runs = reads.trial_runs(uri, ledger, (experiment,))
+    runs = reads.trial_runs(ledger, uri, (experiment,))
     metric = frames.metric_of(runs)
     points = frames.chosen(runs, metric)
     summary = frames.summary(points)

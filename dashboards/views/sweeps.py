@@ -3,9 +3,10 @@ log2 LR for every seed, the learning rate chosen on validation, and the grid-edg
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
-from dashboards import frames, plots, ui
+from dashboards import frames, plots, reads, ui
 
 st.title("Learning-rate sweeps")
 experiment, runs = ui.one_experiment("sweep_exp")
@@ -21,7 +22,16 @@ done = done[done["dataset"] == dataset]
 variants = sorted(done["variant"].unique())
 pick = st.sidebar.multiselect("Variants", variants, default=variants, key="sweep_variants")
 done = done[done["variant"].isin(pick)]
-picks = frames.chosen(done, metric)
+
+
+@st.cache_data(ttl=reads.TTL_S, show_spinner=False)
+def sweep(done: pd.DataFrame, metric: str):
+    """The chosen learning rates and the sweep figure (hundreds of Akima curves), cached."""
+    picks = frames.chosen(done, metric)
+    return picks, plots.lr_sweep(done, picks, metric)
+
+
+picks, figure = sweep(done, metric)
 if done["lr"].nunique() < 2:
     st.info(f"`{experiment}` trains one learning rate ({done['lr'].iloc[0]:g}): there is no "
             "sweep to draw. `fig3a` and its `-cpu` twin sweep the paper's five.")
@@ -31,7 +41,7 @@ for row in summary.itertuples():
         st.warning(f"{row.variant}@{row.size}: the optimum lies at an edge of the grid for "
                    f"{row.edge_seeds} of {row.seeds} seed(s); the true optimum may lie outside "
                    "it.")
-ui.show(plots.lr_sweep(done, picks, metric), picks, f"lr-sweep-{experiment}")
+ui.show(figure, picks, f"lr-sweep-{experiment}")
 short = metric.removeprefix("test_")
 st.dataframe(summary.rename(columns={"lr": "chosen LR (val, mean)",
                                      "test": f"test {short} at it (mean)",

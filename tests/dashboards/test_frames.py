@@ -35,21 +35,17 @@ def test_remaining_time_is_flops_over_the_measured_rate_plus_the_plan_overhead()
         {"trial": "e", "status": "PENDING", "mlflow_run_id": None, "started_at": None,
          "finished_at": None},
     ]
-    runs = _runs([
-        {"experiment": "x", "run_id": "ra", "status": "FINISHED", "train_flops": 2e12,
-         "time/train_s": 200.0},
-        {"experiment": "x", "run_id": "rb", "status": "FINISHED", "train_flops": 4e12,
-         "time/train_s": 300.0},
-        {"experiment": "x", "run_id": "rc", "status": "RUNNING", "train_flops": 6e12},
-        {"experiment": "x", "run_id": "rd", "status": "PENDING", "train_flops": 1e12}])
+    runs = _runs([{"experiment": "x", "trial": t, "train_flops": f}
+                  for t, f in (("a", 2e12), ("b", 4e12), ("c", 6e12), ("d", 1e12))])
+    rates = {"x": (2e12 + 4e12, 200.0 + 300.0)}  # the finished trials' train steps
     now = T0 + dt.timedelta(seconds=500)
     table = frames.progress([{"name": "x", "workload": "language_model", "created_at": T0}],
-                            {"x": trials}, runs, now)
+                            {"x": trials}, runs, rates, now)
     row = table.iloc[0]
     rate = 6e12 / 500.0  # FLOP/s the finished trials achieved
     running_left = 6e12 / rate + TRIAL_OVERHEAD_S - 100.0
     pending = 1e12 / rate + TRIAL_OVERHEAD_S
-    no_run_yet = 3e12 / rate + TRIAL_OVERHEAD_S  # the finished trials' mean FLOPs
+    no_run_yet = 13e12 / 4 / rate + TRIAL_OVERHEAD_S  # no run yet: the known trials' mean
     assert row["remaining_s"] == pytest.approx(running_left + pending + no_run_yet)
     assert row["elapsed_s"] == 500.0
     assert (row["finished"], row["running"], row["pending"], row["failed"]) == (2, 1, 2, 0)
@@ -60,7 +56,7 @@ def test_remaining_time_is_unknown_before_a_trial_finishes():
     trials = [{"trial": "a", "status": "PENDING", "mlflow_run_id": None, "started_at": None,
                "finished_at": None}]
     table = frames.progress([{"name": "x", "workload": "lm", "created_at": T0}], {"x": trials},
-                            _runs([]), T0)
+                            _runs([]), {"x": (0.0, 0.0)}, T0)
     assert math.isnan(table.iloc[0]["remaining_s"])
     assert frames.duration(table.iloc[0]["remaining_s"]) == "-"
 
@@ -76,10 +72,10 @@ def test_smoothing_is_a_bias_corrected_moving_average():
 def test_seed_bands_average_seeds_on_a_token_axis():
     history = pd.DataFrame(
         [{"run_id": r, "key": "loss", "step": s, "value": v}
-         for r, vals in (("r0", (4.0, 2.0)), ("r1", (6.0, 3.0))) for s, v in zip((1, 2), vals)]
-        + [{"run_id": r, "key": "tokens_seen", "step": 2, "value": 2048.0} for r in ("r0", "r1")])
+         for r, vals in (("r0", (4.0, 2.0)), ("r1", (6.0, 3.0))) for s, v in zip((1, 2), vals)])
     runs = _runs([{"run_id": r, "variant": "llama", "size": "nano", "lr": 0.002, "seed": i,
-                   "flops_per_token": 10.0, "tokens": 2048.0} for i, r in enumerate(("r0", "r1"))])
+                   "flops_per_token": 10.0, "tokens": 2048.0, "steps": 2.0}
+                  for i, r in enumerate(("r0", "r1"))])
     band = frames.seed_bands(history, runs, "loss", "tokens").sort_values("x")
     assert band["x"].tolist() == [1024.0, 2048.0]
     assert band["mean"].tolist() == [5.0, 2.5]
