@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import ray
 import ray.tune
 from mlflow import MlflowClient
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, ControllerError, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -42,6 +42,7 @@ _TUNE = ("ray_results", "tune")  # Ray Tune's experiment state, one directory pe
 # workers every 0.5 s instead of 2 s, so that a trial's end is seen at once, and no preemption
 # watcher actor is started per worker group (it only logs spot-instance notices; a preempted
 # node's trial resumes from its checkpoint either way, max_failures).
+PLACEMENT_GROUP_REMOVED = "since its placement group was removed"  # Ray's worker exit detail
 RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
                  "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
@@ -100,27 +101,9 @@ def _ledger(url: str) -> Ledger:
     return Ledger(url)
 
 
-def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
-    """Tune trainable: train ``tasks[config["trial_id"]]`` with Ray Train, recording it in the
-    ledger (and so in MLflow), if its submission still holds the trial's lease.
-
-    Raises:
-        ray.train.TrainingFailedError: the Train run failed (after marking the trial FAILED).
-    """
-    task = tasks[config["trial_id"]]
-    job, r = task.job, task.job.trial.resources
-    ledger, client = _ledger(task.ledger_url), MlflowClient(job.tracking_uri)
-    lease = ledger.acquire(task.row_id, task.owner, task.lease_s)
-    if not lease.acquired:  # lost while it waited for a slot (a heartbeat-less lapse)
-        print(f"[cemlab] {job.trial.label}: its lease is now {lease.owner}'s: not trained here",
-              flush=True)
-        return
-    record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
-           checkpoint_path=task.uri())
-    for name, value in RAY_TRAIN_ENV.items():
-        os.environ.setdefault(name, value)
-    job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
-    trainer = TorchTrainer(
+def _trainer(task: Task, job: Job) -> TorchTrainer:
+    r = job.trial.resources
+    return TorchTrainer(
         functools.partial(run_in_ray, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={
@@ -132,8 +115,56 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
                              checkpoint_config=CheckpointConfig(num_to_keep=2),
                              failure_config=FailureConfig(max_failures=r.max_failures),
                              callbacks=[TuneReportCallback()]))
+
+
+def fit(task: Task, job: Job) -> ray.train.Result:
+    """Run ``job``'s Ray Train run (``TorchTrainer``) to its end and return its result.
+
+    A run whose worker group dies while it starts because Ray removed its placement group is
+    started again (it resumes from its last checkpoint), up to ``resources.max_failures``
+    times (-1: always). Ray Train's ``PlacementGroupCleaner`` takes a State API query that
+    finds no controller for a dead controller and removes the live run's placement group;
+    Ray Train retries worker failures (``FailureConfig.max_failures``), not this controller
+    error.
+
+    Raises:
+        ray.train.TrainingFailedError: the run failed otherwise, or more often than allowed.
+    """
+    limit = job.trial.resources.max_failures
+    restarts = 0
+    while True:
+        try:
+            return _trainer(task, job).fit()
+        except ControllerError as e:
+            if PLACEMENT_GROUP_REMOVED not in str(e) or restarts == limit:
+                raise
+            restarts += 1
+            print(f"[cemlab] {job.trial.label}: Ray removed its placement group while its "
+                  f"workers started; starting it again (restart {restarts})", flush=True)
+
+
+def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
+    """Tune trainable: train ``tasks[config["trial_id"]]`` with Ray Train, recording it in the
+    ledger (and so in MLflow), if its submission still holds the trial's lease.
+
+    Raises:
+        ray.train.TrainingFailedError: the Train run failed (after marking the trial FAILED).
+    """
+    task = tasks[config["trial_id"]]
+    job = task.job
+    ledger, client = _ledger(task.ledger_url), MlflowClient(job.tracking_uri)
+    lease = ledger.acquire(task.row_id, task.owner, task.lease_s)
+    if not lease.acquired:  # lost while it waited for a slot (a heartbeat-less lapse)
+        print(f"[cemlab] {job.trial.label}: its lease is now {lease.owner}'s: not trained here",
+              flush=True)
+        return
+    record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
+           checkpoint_path=task.uri())
+    for name, value in RAY_TRAIN_ENV.items():
+        os.environ.setdefault(name, value)
+    job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
     try:
-        result = trainer.fit()
+        result = fit(task, job)
     except Exception as e:
         record(ledger, client, task.row_id, job.run_id, Status.FAILED, error=str(e)[-2000:])
         raise

@@ -271,13 +271,18 @@ def markdown(results: list[ClaimResult], scale: str, directory: str) -> str:
 
 def write_report(results: list[ClaimResult], out: Path, scale: str, directory: str) -> Path:
     """``out/REPORT.md`` and ``out/claim-<key>.png`` (claims with effects), each written whole
-    or not at all. Returns the report's path."""
+    or not at all. Returns the report's path.
+
+    The text (and the commit it names) comes first: the figures of a report committed in the
+    checkout are tracked files, and once rewritten they would mark the commit ``-dirty``.
+    """
+    text = markdown(results, scale, directory)
     for r in results:
         if r.effects:
             figure(r, out / f"claim-{r.claim.key}.png")
     path = out / "REPORT.md"
     with atomic_path(path) as tmp:
-        tmp.write_text(markdown(results, scale, directory))
+        tmp.write_text(text)
     return path
 
 
