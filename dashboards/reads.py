@@ -111,7 +111,7 @@ def group_info(client: MlflowClient, experiment_id: str, trials: list[dict]) -> 
     info: dict[tuple[str, str, str], dict] = {}
     found = client.search_runs([experiment_id], f"{ROLE} = 'trial' and tags.lr = '{lr:g}' and "
                                f"tags.seed = '{seed}'", max_results=10 * len(groups))
-    for group in sorted(groups - info.keys(), key=str):
+    for group in sorted(groups):
         runs = [r for r in found if (r.data.tags.get("dataset"), r.data.tags.get("variant"),
                                      r.data.tags.get("size")) == group]
         runs = runs or client.search_runs(

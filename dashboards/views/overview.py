@@ -50,13 +50,11 @@ def live() -> None:
                "the trials running at once (`-` until one trial has finished).")
     failed = [{"experiment": name, "trial": r["trial"], "variant": r["variant"],
                "size": r["size"], "lr": r["lr"], "seed": r["seed"],
-               "error": (r["error"] or "").strip().splitlines()[-1:] or [""]}
+               "error": (r["error"] or "").strip().rpartition("\n")[2]}  # its last line
               for name, rows in trials.items() for r in rows if r["status"] == "FAILED"]
     st.subheader(f"Failed trials ({len(failed)})")
     if failed:
-        frame = pd.DataFrame(failed)
-        frame["error"] = frame["error"].map(lambda e: e[0])
-        st.dataframe(frame, hide_index=True)
+        st.dataframe(pd.DataFrame(failed), hide_index=True)
         st.caption("A failed trial is retried by submitting its spec again; "
                    "`python -m orchestrator status SPEC` prints its whole record.")
     else:
