@@ -14,7 +14,7 @@ DASHBOARD_PORT ?= 8501
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
-.PHONY: help setup up demo test test-fast cluster-test reproduce-cpu dashboard down lint clean
+.PHONY: help setup up demo test test-fast cluster-test reproduce-cpu recursion-cpu dashboard down lint clean
 
 help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
@@ -23,6 +23,7 @@ help:
 	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes"
 	@echo "make cluster-test  rehearse a 2-host cluster on this machine (root: network namespaces)"
 	@echo "make reproduce-cpu  run the paper's claims at CPU scale, write docs/results/REPORT.md"
+	@echo "make recursion-cpu  the recursion study (T=2 vs T=1 per reading): docs/results/recursion/"
 	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
 	@echo "make down       stop the local services started by make up/demo/dashboard"
 
@@ -66,6 +67,11 @@ cluster-test: setup
 # writes docs/results/REPORT.md and one figure per claim.
 reproduce-cpu: up
 	@source $(SERVICES) && python -m orchestrator report experiments/paper/
+
+# The recursion study (issue 10 §1, docs/recursion.md): the same, on experiments/studies/.
+recursion-cpu: up
+	@source $(SERVICES) && python -m orchestrator report experiments/studies/ --claims recursion \
+	  --out docs/results/recursion
 
 dashboard: up
 	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \

@@ -1,5 +1,7 @@
 """The paper's claims that CEM Lab tests (issue 10 §3), each a set of paired comparisons between
-variants of one paper spec (``experiments/paper/<figure>[-cpu].yaml``).
+variants of one paper spec (``experiments/paper/<figure>[-cpu].yaml``), and the questions of the
+recursion study (issue 10 §1, ``experiments/studies/``): does T=2 beat T=1 under each reading of
+the paper's Algorithm 1, in fp32, and with more tokens. Each set is a ``ClaimSet``.
 
 A comparison's effect, per seed, is the relative difference of the test metric (perplexity, GP
 RMSE) at each arm's learning rate chosen on validation: ``treatment / control - 1`` (negative:
@@ -54,11 +56,25 @@ class Claim:
     title: str
     quote: str
     source: str
-    figure: str  # spec stem: experiments/paper/<figure>.yaml and its -cpu twin
+    figure: str  # spec stem: <directory>/<figure>.yaml and its -cpu twin
     comparisons: tuple[Comparison, ...]
 
 
-CLAIMS: tuple[Claim, ...] = (
+@dataclass(frozen=True)
+class ClaimSet:
+    """Claims reported together (``python -m orchestrator report DIR --claims KEY``).
+
+    ``ladder``: keys of claims whose specs differ only in training tokens; the report draws
+    each of their arms' test metric against tokens per trial (``report.ladder_figure``).
+    """
+
+    key: str
+    title: str  # the report's heading
+    claims: tuple[Claim, ...]
+    ladder: tuple[str, ...] = ()
+
+
+CLAIMS: tuple[Claim, ...] = (  # the paper's, on experiments/paper/
     Claim("a", "CEM attention (T=1) is within a few % of Llama with about half the attention "
           "parameters",
           "Replacing attention with the CEM variant has only a small effect on test perplexity "
@@ -92,3 +108,52 @@ CLAIMS: tuple[Claim, ...] = (
           "shared/papers/cem-explainer.md)", "App. D, Table 3", "gp-table",
           (Comparison("t2", "t1"),)),
 )
+
+# The recursion study (docs/recursion.md): each question is claim (b), T=2 beats T=1, under one
+# reading of Algorithm 1 (quoted: the sentence the reading takes literally), in fp32, or at
+# another training length; "supports" means the paper's claim holds there.
+_T2_BEATS_T1 = (Comparison("t2", "t1"),)
+_BUDGET = ("All models are trained on SlimPajama for the compute-optimal number of tokens of the "
+           "corresponding Llama baselines")
+_STEP_SIZES = ("Hyperparameters: Recursive steps T_eps, T_xi, step sizes eta_eps, eta_xi "
+               "(Algorithm 1 never gives their values)")
+RECURSION_CLAIMS: tuple[Claim, ...] = (
+    Claim("eta1", "T=2 beats T=1 with eta = 1 per step (our default reading)",
+          "starting from x_i^(0) = h_i, we perform T updates of the form x_i^(t+1) = x_i^(t) - "
+          "eta_eps Delta x_i; ... the residual update corresponds exactly to a single gradient "
+          "descent step (with step size eta = 1)", "Sec. 2.1, 2.3", "recursion-readings",
+          _T2_BEATS_T1),
+    Claim("vs-2eta", "T=2 at eta = 1 beats a single step of 2 eta (the recursion adds more than "
+          "step size)", "A natural extension is therefore to apply multiple recursive updates "
+          "within the same layer, analogous to running several iterations of an optimization "
+          "algorithm", "Sec. 2.3", "recursion-readings", (Comparison("t2", "t1-eta2"),)),
+    Claim("eta-half", "T=2 with eta / T per step beats T=1 (two steps no larger than one)",
+          _STEP_SIZES, "Algorithm 1", "recursion-readings",
+          (Comparison("t2-eta-half", "t1"),)),
+    Claim("eta-learn", "T=2 with a learnable eta (from eta / T) beats T=1", _STEP_SIZES,
+          "Algorithm 1", "recursion-readings", (Comparison("t2-eta-learn", "t1"),)),
+    Claim("unit-p", "T=2 beats T=1 when the preconditioner starts at P = I (not 1.31 I)",
+          "p is initialized to 1/sqrt(D_h). This ensures that d starts at 1, but still yielding "
+          "an appropriate effective gradient step size (softplus(1) = 1.31)", "App. C.4",
+          "recursion-readings", (Comparison("t2-unit-p", "t1-unit-p"),)),
+    Claim("norm-start", "T=2 beats T=1 when the recursion starts at x(0) = RMSNorm(h)",
+          "h_{1:i} <- RMSNorm(h_{1:i}); x_i <- h_i (Algorithm 1 read literally, against Sec. "
+          "2.3's 'starting from x_i^(0) = h_i')", "Algorithm 1", "recursion-norm-start",
+          (Comparison("t2-norm-start", "t1-norm-start"),)),
+    Claim("raw-keys", "T=2 beats T=1 when the keys read the raw stream h (not RMSNorm(h))",
+          "eps(x_i | h_{1:i}) = -tau sum_k log sum_j exp(beta_kj^T x_i / tau) where beta_kj = "
+          "A_k h_j", "Eq. 1", "recursion-raw-keys",
+          (Comparison("t2-raw-keys", "t1-raw-keys"),)),
+    Claim("fp32", "T=2 beats T=1 in fp32 (the readings run in bf16)", "Precision: bf16-mixed",
+          "Table 2", "recursion-fp32", _T2_BEATS_T1),
+    Claim("tokens-x1", "T=2 beats T=1 on 1/16 of the Chinchilla budget (the token ladder's "
+          "base)", _BUDGET, "Sec. 4", "recursion-budget-x1", _T2_BEATS_T1),
+    Claim("tokens-x16", "T=2 beats T=1 on the full Chinchilla budget (16x the base)", _BUDGET,
+          "Sec. 4", "recursion-budget-x16", _T2_BEATS_T1),
+)
+
+CLAIM_SETS: dict[str, ClaimSet] = {s.key: s for s in (
+    ClaimSet("paper", "The paper's claims", CLAIMS),
+    ClaimSet("recursion", "Within-layer recursion: does T=2 beat T=1 under any reading?",
+             RECURSION_CLAIMS, ladder=("tokens-x1", "eta1", "tokens-x16")),
+)}

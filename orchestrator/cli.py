@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from orchestrator.claims import CLAIM_SETS
 from orchestrator.spec import SpecError, load_spec
 
 REL_TOLERANCE = 1e-3  # `models eval` must reproduce the registered test perplexity this closely
@@ -29,9 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
     p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
     p.add_argument("spec", help="path of the experiment YAML")
-    p = sub.add_parser("report", help="the paper's claims: run what is missing, then write "
-                       "REPORT.md with verdicts and figures")
-    p.add_argument("directory", help="the paper specs, e.g. experiments/paper/")
+    p = sub.add_parser("report", help="the paper's claims (or a study's): run what is missing, "
+                       "then write REPORT.md with verdicts and figures")
+    p.add_argument("directory", help="the claims' specs, e.g. experiments/paper/ (--claims "
+                   "paper) or experiments/studies/ (--claims recursion)")
+    p.add_argument("--claims", choices=sorted(CLAIM_SETS), default="paper",
+                   help="which claims: the paper's (default) or the recursion study's")
     p.add_argument("--scale", choices=["cpu", "paper"], default="cpu",
                    help="cpu: the -cpu twins (default); paper: the paper-scale specs")
     p.add_argument("--out", default="docs/results", help="where REPORT.md and figures go")
@@ -172,7 +176,8 @@ def _report(args: argparse.Namespace) -> int:
     from orchestrator.settings import Settings
 
     try:
-        pairs = report.claims_of(Path(args.directory), args.scale)
+        claim_set = CLAIM_SETS[args.claims]
+        pairs = report.claims_of(Path(args.directory), args.scale, claim_set)
         specs = {p: load_spec(p) for p in sorted({p for _, p in pairs})}
     except (FileNotFoundError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -201,7 +206,8 @@ def _report(args: argparse.Namespace) -> int:
                 return 2
     results = [report.evaluate(claim, specs[path], ledger) for claim, path in pairs]
     print(report.verdict_table(results))
-    written = report.write_report(results, Path(args.out), args.scale, args.directory)
+    written = report.write_report(results, Path(args.out), args.scale, args.directory,
+                                  claim_set)
     print(f"wrote {written} and {sum(bool(r.effects) for r in results)} figure(s)")
     return 0
 

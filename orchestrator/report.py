@@ -1,6 +1,7 @@
-"""The claims report: each claim of ``orchestrator.claims`` measured on the ledger's finished
-trials, with seeds, mean ± std, a 95 % confidence interval paired by seed, and a verdict;
-written as ``REPORT.md`` plus one PNG figure per claim.
+"""The claims report: each claim of a ``ClaimSet`` (``orchestrator.claims``: the paper's, or the
+recursion study's) measured on the ledger's finished trials, with seeds, mean ± std, a 95 %
+confidence interval paired by seed, and a verdict; written as ``REPORT.md`` plus one PNG figure
+per claim (and ``ladder.png``, the test metric against training tokens, for a set's ladder).
 
 Protocol: per (variant, size, seed) the learning rate is chosen on validation (the Akima optimum
 over log2 LR, ``analysis.seed_choices``) and the test metric is read there; a comparison pairs
@@ -17,6 +18,7 @@ does, and is inconclusive otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 from collections import defaultdict
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.analysis import Point, seed_choices
-from orchestrator.claims import CLAIMS, Claim, Comparison
+from orchestrator.claims import CLAIM_SETS, Claim, ClaimSet, Comparison
 from orchestrator.ledger import Ledger, Status
 from orchestrator.results import experiment_rows, finished_points, short_metric
 from orchestrator.spec import ExperimentSpec
@@ -67,6 +69,8 @@ class ClaimResult:
     effects: tuple[Effect, ...]
     arms: list[dict]  # per (dataset, size, variant): test and chosen LR, mean ± std over seeds
     incomplete: tuple[str, ...] = ()  # arms and seeds left out: their LR grid is unfinished
+    tests: dict[tuple[str, str, str], list[float]] = dataclasses.field(default_factory=dict)
+    # ^ (dataset, size, variant) -> the test metric of each seed at its chosen LR
 
     @property
     def verdict(self) -> str:
@@ -148,12 +152,13 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
     seeds whose learning-rate grid is complete (``complete_grids``)."""
     points, incomplete = complete_grids(spec, finished_points(experiment_rows(spec, ledger)))
     choices = seed_choices(points)
-    effects, arms = [], []
+    effects, arms, all_tests = [], [], {}
     for dataset, size in sorted({(d, s) for d, _, s in choices}):
         tests = {v: {seed: c.test for seed, c in by_seed.items()}
                  for (d, v, s), by_seed in choices.items() if (d, s) == (dataset, size)}
         for variant, by_seed in sorted(tests.items()):
             chosen = choices[(dataset, variant, size)]
+            all_tests[(dataset, size, variant)] = list(by_seed.values())
             arms.append({"dataset": dataset, "size": size, "variant": variant,
                          "seeds": len(by_seed), "test": _pm(list(by_seed.values()), "{:.3f}"),
                          "LR (val)": _pm([c.lr for c in chosen.values()], "{:.2e}")})
@@ -163,7 +168,8 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
                 ci = confidence_interval(list(per_seed))
                 effects.append(Effect(comparison, dataset, size, seeds, per_seed, ci,
                                       verdict(comparison, ci)))
-    return ClaimResult(claim, spec, short_metric(spec), tuple(effects), arms, incomplete)
+    return ClaimResult(claim, spec, short_metric(spec), tuple(effects), arms, incomplete,
+                       all_tests)
 
 
 def claim_spec_path(directory: Path, claim: Claim, scale: str = "cpu") -> Path:
@@ -197,13 +203,28 @@ def _effect_row(result: ClaimResult, e: Effect) -> dict:
             "verdict": e.verdict}
 
 
-def figure(result: ClaimResult, path: Path) -> None:
-    """Per-seed effects (dots), their mean and 95 % interval (bar) for every comparison of the
-    claim, against 0 and the claim's margin; written as a PNG (matplotlib, no display)."""
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_png(plt, fig, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, written whole or not at all; the figure is closed."""
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def figure(result: ClaimResult, path: Path) -> None:
+    """Per-seed effects (dots), their mean and 95 % interval (bar) for every comparison of the
+    claim, against 0 and the claim's margin; written as a PNG (matplotlib, no display)."""
+    plt = _pyplot()
 
     effects = result.effects
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * max(len(effects), 1)))
@@ -224,17 +245,48 @@ def figure(result: ClaimResult, path: Path) -> None:
     ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better); "
                   f"bars: {LEVEL:.0%} CI paired by seed")
     ax.set_title(f"({result.claim.key}) {result.claim.title}: {result.verdict}", fontsize=9)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    _save_png(plt, fig, path)
 
 
-def markdown(results: list[ClaimResult], scale: str, directory: str) -> str:
-    """REPORT.md: provenance, the verdict table, then one section per claim."""
-    commit = git_commit() or "unknown"
+def ladder_figure(results: list[ClaimResult], path: Path) -> bool:
+    """Each arm's test metric (mean ± std over seeds, at its chosen LR) against the tokens per
+    trial of its spec (log x), one line per (variant, dataset, size) over ``results``, the
+    claims of a token ladder; written as a PNG. False (nothing written) without two budgets."""
+    from orchestrator.plan import plan
+
+    series: dict[tuple[str, str, str], list[tuple[int, list[float]]]] = defaultdict(list)
+    for r in results:
+        tokens = {(t.dataset, t.size, t.variant): t.tokens for t in plan(r.spec)}
+        arms = {a for c in r.claim.comparisons for a in c.arms}
+        for key, values in r.tests.items():
+            if key[2] in arms:
+                series[key[2], key[0], key[1]].append((tokens[key], values))
+    if max((len({n for n, _ in pts}) for pts in series.values()), default=0) < 2:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (variant, dataset, size), pts in sorted(series.items()):
+        pts.sort()
+        ax.errorbar([n for n, _ in pts], [statistics.fmean(v) for _, v in pts],
+                    yerr=[statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in pts],
+                    marker="o", capsize=3, label=f"{variant} ({dataset}, {size})")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per trial")
+    ax.set_ylabel(f"test {results[0].metric} (mean ± std over seeds)")
+    ax.set_title("More tokens: " + ", ".join(f"({r.claim.key})" for r in results), fontsize=9)
+    ax.legend(fontsize=8)
+    _save_png(plt, fig, path)
+    return True
+
+
+def markdown(results: list[ClaimResult], scale: str, directory: str,
+             title: str = "The paper's claims", ladder: bool = False,
+             commit: str | None = None) -> str:
+    """REPORT.md: provenance (``commit``, else the checkout's), the verdict table, then one
+    section per claim (and the ladder figure's link when ``ladder``)."""
+    commit = commit or git_commit() or "unknown"
     lines = [
-        f"# The paper's claims at {scale.upper()} scale",
+        f"# {title} at {scale.upper()} scale",
         "",
         f"Written by `python -m orchestrator report {directory}` on "
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit `{commit}`, model code "
@@ -252,6 +304,8 @@ def markdown(results: list[ClaimResult], scale: str, directory: str) -> str:
         *[f"| ({r.claim.key}) {r.claim.title} | **{r.verdict}** | {r.claim.source} |"
           for r in results],
         "",
+        *(["Test metric against training tokens (the ladder's claims):", "",
+           "![tokens](ladder.png)", ""] if ladder else []),
     ]
     for r in results:
         lines += [f"## ({r.claim.key}) {r.claim.title}", "",
@@ -269,14 +323,19 @@ def markdown(results: list[ClaimResult], scale: str, directory: str) -> str:
     return "\n".join(lines)
 
 
-def write_report(results: list[ClaimResult], out: Path, scale: str, directory: str) -> Path:
-    """``out/REPORT.md`` and ``out/claim-<key>.png`` (claims with effects), each written whole
-    or not at all. Returns the report's path.
+def write_report(results: list[ClaimResult], out: Path, scale: str, directory: str,
+                 claim_set: ClaimSet = CLAIM_SETS["paper"]) -> Path:
+    """``out/REPORT.md``, ``out/claim-<key>.png`` (claims with effects) and ``out/ladder.png``
+    (``claim_set.ladder``, two budgets or more), each written whole or not at all. Returns the
+    report's path.
 
-    The text (and the commit it names) comes first: the figures of a report committed in the
-    checkout are tracked files, and once rewritten they would mark the commit ``-dirty``.
+    The commit the text names is read first: the figures of a report committed in the checkout
+    are tracked files, and once rewritten they would mark the commit ``-dirty``.
     """
-    text = markdown(results, scale, directory)
+    commit = git_commit() or "unknown"
+    in_ladder = [r for r in results if r.claim.key in claim_set.ladder]
+    ladder = ladder_figure(in_ladder, out / "ladder.png") if in_ladder else False
+    text = markdown(results, scale, directory, claim_set.title, ladder, commit)
     for r in results:
         if r.effects:
             figure(r, out / f"claim-{r.claim.key}.png")
@@ -294,13 +353,14 @@ def verdict_table(results: list[ClaimResult]) -> str:
     return format_table(rows)
 
 
-def claims_of(directory: Path, scale: str) -> list[tuple[Claim, Path]]:
-    """Every claim with its spec file under ``directory``.
+def claims_of(directory: Path, scale: str, claim_set: ClaimSet = CLAIM_SETS["paper"]
+              ) -> list[tuple[Claim, Path]]:
+    """Every claim of ``claim_set`` with its spec file under ``directory``.
 
     Raises:
         FileNotFoundError: a claim's spec is missing (one line naming it).
     """
-    pairs = [(c, claim_spec_path(directory, c, scale)) for c in CLAIMS]
+    pairs = [(c, claim_spec_path(directory, c, scale)) for c in claim_set.claims]
     for claim, path in pairs:
         if not path.exists():
             raise FileNotFoundError(f"claim ({claim.key}) needs {path}, which does not exist")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import t as student_t
 
-from orchestrator.claims import CLAIMS, Claim, Comparison
+from orchestrator.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
 from orchestrator.cli import main
 from orchestrator.ledger import Ledger, Status
 from orchestrator.report import (
@@ -20,6 +20,7 @@ from orchestrator.report import (
     combine,
     confidence_interval,
     evaluate,
+    ladder_figure,
     missing_trials,
     verdict,
     write_report,
@@ -27,15 +28,31 @@ from orchestrator.report import (
 from orchestrator.spec import load_spec, parse_spec
 
 PAPER = Path(__file__).resolve().parents[2] / "experiments" / "paper"
+STUDIES = PAPER.parent / "studies"
 LRS = [0.001, 0.002, 0.004]
 
 
-@pytest.mark.parametrize("scale", ["cpu", "paper"])
-def test_every_claim_compares_variants_of_its_spec(scale):
-    for claim in CLAIMS:
-        spec = load_spec(claim_spec_path(PAPER, claim, scale))
+@pytest.mark.parametrize(("claims", "directory", "scale"), [
+    ("paper", PAPER, "cpu"), ("paper", PAPER, "paper"), ("recursion", STUDIES, "cpu")])
+def test_every_claim_compares_variants_of_its_spec(claims, directory, scale):
+    claim_set = CLAIM_SETS[claims]
+    assert set(claim_set.ladder) <= {c.key for c in claim_set.claims}
+    assert len({c.key for c in claim_set.claims}) == len(claim_set.claims)
+    for claim in claim_set.claims:
+        spec = load_spec(claim_spec_path(directory, claim, scale))
         for comparison in claim.comparisons:
             assert set(comparison.arms) <= set(spec.variants), (claim.key, comparison)
+
+
+def test_the_recursion_ladder_differs_only_in_training_tokens():
+    """The ladder's specs train the same T=1 / T=2 models on budgets 1x, 4x and 16x."""
+    claim_set = CLAIM_SETS["recursion"]
+    by_key = {c.key: c for c in claim_set.claims}
+    specs = [load_spec(claim_spec_path(STUDIES, by_key[k], "cpu")) for k in claim_set.ladder]
+    for arm in ("t1", "t2"):
+        assert len({s.variants[arm].resolve("tiny") for s in specs}) == 1
+    scales = [s.training.budget_scale for s in specs]
+    assert [x / scales[0] for x in scales] == [1, 4, 16]
 
 
 def test_the_interval_is_the_student_t_interval_of_the_mean():
@@ -66,12 +83,12 @@ def test_verdicts_follow_the_interval_and_the_margin():
 
 def _seed_ledger(tmp_path, spec, offsets: dict[str, list[float]]) -> Ledger:
     """Finished rows: validation perplexity 100 * (1 + offset) * (1 + (log2 lr/0.002)^2 / 10)
-    (its optimum at LR 0.002), test = 1.02 x validation."""
+    (its optimum at LR 0.002), test = 1.02 x validation, at every LR of ``spec``."""
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     exp = ledger.ensure_experiment(spec.name, "language_model", "")
     for variant, per_seed in offsets.items():
         for seed, offset in enumerate(per_seed):
-            for lr in LRS:
+            for lr in spec.learning_rates:
                 val = 100 * (1 + offset) * (1 + math.log2(lr / 0.002) ** 2 / 10)
                 row = ledger.ensure_trial(exp.id, f"{variant}-{seed}-{lr}", dataset="shakespeare",
                                           variant=variant, size="nano", lr=lr, seed=seed)
@@ -151,3 +168,31 @@ def test_report_of_a_directory_without_the_specs_is_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--no-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: claim (a) needs {tmp_path / 'fig2a-cpu.yaml'}, which does not exist"]
+
+
+def test_a_token_ladder_draws_each_arm_against_its_specs_tokens(tmp_path):
+    """Two specs that differ only in tokens: the ladder figure and its link in REPORT.md; each
+    arm's tests are its seeds' test perplexities at the chosen LR (1.02 x 100 x (1 + offset))."""
+    def spec(name, tokens):
+        return parse_spec({"name": name, "sizes": ["nano"], "seeds": [0, 1],
+                           "variants": {"t1": {"attention": "cem"},
+                                        "t2": {"attention": "cem", "attn_steps": 2}},
+                           "learning_rates": [0.002], "training": {"tokens": tokens}})
+
+    short, long = spec("short", 20480), spec("long", 81920)
+    claims = [Claim(k, f"T=2 beats T=1 on {s.name}", "q", "Sec. 4", s.name,
+                    (Comparison("t2", "t1"),)) for k, s in (("x1", short), ("x4", long))]
+    results = []
+    for claim, s, t2 in ((claims[0], short, [0.1, 0.2]), (claims[1], long, [-0.1, -0.2])):
+        ledger = _seed_ledger(tmp_path, s, {"t1": [0.0, 0.0], "t2": t2})  # one ledger
+        results.append(evaluate(claim, s, ledger))
+    assert results[1].tests[("shakespeare", "nano", "t2")] == pytest.approx([91.8, 81.6])
+    assert results[0].effects[0].per_seed == pytest.approx([0.1, 0.2])
+    assert not ladder_figure(results[:1], tmp_path / "one.png")  # one budget: no ladder
+    assert not (tmp_path / "one.png").exists()
+    ladder = ClaimSet("study", "A study", tuple(claims), ladder=("x1", "x4"))
+    path = write_report(results, tmp_path / "out", "cpu", "experiments/studies/", ladder)
+    text = path.read_text()
+    assert text.startswith("# A study at CPU scale")
+    assert "![tokens](ladder.png)" in text
+    assert (tmp_path / "out" / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
