@@ -135,7 +135,7 @@ RECURSION_CLAIMS: tuple[Claim, ...] = (
     Claim("unit-p", "T=2 beats T=1 when the preconditioner starts at P = I (not 1.31 I)",
           "p is initialized to 1/sqrt(D_h). This ensures that d starts at 1, but still yielding "
           "an appropriate effective gradient step size (softplus(1) = 1.31)", "App. C.4",
-          "recursion-readings", (Comparison("t2-unit-p", "t1-unit-p"),)),
+          "recursion-unit-p", (Comparison("t2-unit-p", "t1-unit-p"),)),
     Claim("norm-start", "T=2 beats T=1 when the recursion starts at x(0) = RMSNorm(h)",
           "h_{1:i} <- RMSNorm(h_{1:i}); x_i <- h_i (Algorithm 1 read literally, against Sec. "
           "2.3's 'starting from x_i^(0) = h_i')", "Algorithm 1", "recursion-norm-start",

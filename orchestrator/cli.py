@@ -41,8 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="docs/results", help="where REPORT.md and figures go")
     p.add_argument("--no-run", action="store_true",
                    help="report what the ledger has; train nothing")
-    p = sub.add_parser("models", help="the model registry: list | show | eval | generate | "
-                       "export")
+    p = sub.add_parser("models", help="the model registry: list | show | eval | probe | "
+                       "generate | export")
     models = p.add_subparsers(dest="action", required=True)
     models.add_parser("list", help="registered models: best version, perplexities, date")
     ref = "NAME[@ALIAS] or NAME/VERSION (alias best by default; @latest: the newest)"
@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("ref", help=ref)
     m.add_argument("--split", choices=["test", "validation"], default="test",
                    help="the split to recompute perplexity on (default: test)")
+    m = models.add_parser("probe", help="how much of each attention layer reads content, "
+                          "not position: KL from its position prior")
+    m.add_argument("ref", help=ref)
+    m.add_argument("--sequences", type=int, default=16, help="validation sequences probed")
     m = models.add_parser("generate", help="print a continuation sampled from a version")
     m.add_argument("ref", help=ref)
     m.add_argument("prompt", help="the text to continue")
@@ -238,6 +242,17 @@ def _models(args: argparse.Namespace) -> int:
             return 0
         if args.action == "generate":
             return _generate(version, settings.tracking_uri, args)
+        if args.action == "probe":
+            rows = registry.probe_version(version, settings.tracking_uri, settings.data_dir,
+                                          sequences=args.sequences)
+            print(f"{version.name} version {version.version}: attention against its position "
+                  "prior (nats; KL 0 = position only)")
+            rows = [{**r, "entropy": f"{r['entropy']:.3f}",
+                     "prior_entropy": f"{r['prior_entropy']:.3f}",
+                     "kl_to_prior": f"{r['kl_to_prior']:.4f}"} for r in rows]
+            print(format_table(rows) if rows else "no attention with a position bias (RoPE "
+                  "Llama): nothing to probe")
+            return 0
         if args.action == "export":
             from orchestrator.hf_export import export_hf
 

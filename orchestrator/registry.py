@@ -26,8 +26,10 @@ from mlflow.exceptions import MlflowException
 from orchestrator.model_card import model_card
 from orchestrator.tracking import CODE_TAG, COMMIT_TAG
 from workloads.base import Trial
-from workloads.data import CorpusConfig, prepare_corpus
+from workloads.data import CorpusConfig, PackedSequences, prepare_corpus
 from workloads.language_model import sequence_nll
+from workloads.models.model import DecoderLM
+from workloads.probe import position_prior_kl
 from workloads.serving import CONFIG, PACKAGE, TOKENIZER, WEIGHTS, load_decoder
 
 ALIAS = "best"
@@ -220,6 +222,26 @@ def download_package(version, tracking_uri: str, directory: str | Path) -> Path:
     return package
 
 
+def _model_and_split(version, tracking_uri: str, data_dir, split: str,
+                     dtype: torch.dtype | None = None) -> tuple[DecoderLM, PackedSequences]:
+    """The version's decoder (in ``dtype``, default its training dtype) and ``split`` of the
+    corpus its tags name, as sequences of its context length."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_decoder(download_package(version, tracking_uri, tmp), dtype=dtype)
+    corpus = prepare_corpus(CorpusConfig.model_validate_json(version.tags["data"]), data_dir)
+    return model, corpus.dataset(split, int(version.tags["context_length"]))
+
+
+def probe_version(version, tracking_uri: str, data_dir, split: str = "validation",
+                  sequences: int = 16) -> list[dict]:
+    """``workloads.probe.position_prior_kl`` of ``version`` (in fp32) on ``sequences`` evenly
+    spaced sequences of ``split``: per attention layer and step, entropy, position-prior
+    entropy and KL(p || prior), nats."""
+    model, dataset = _model_and_split(version, tracking_uri, data_dir, split, torch.float32)
+    picks = torch.linspace(0, len(dataset) - 1, min(sequences, len(dataset))).long().tolist()
+    return position_prior_kl(model, torch.stack([dataset[i][0] for i in picks]))
+
+
 def evaluate_version(client: MlflowClient, version, tracking_uri: str, data_dir,
                      split: str = "test", batch_size: int = 8) -> tuple[float, float | None]:
     """Recompute the perplexity of ``version`` on ``split`` of the corpus its tags name, in the
@@ -228,10 +250,7 @@ def evaluate_version(client: MlflowClient, version, tracking_uri: str, data_dir,
     Returns ``(recomputed, registered)`` perplexities; registered is None where the version
     records none for ``split``.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        model = load_decoder(download_package(version, tracking_uri, tmp))
-    corpus = prepare_corpus(CorpusConfig.model_validate_json(version.tags["data"]), data_dir)
-    dataset = corpus.dataset(split, int(version.tags["context_length"]))
+    model, dataset = _model_and_split(version, tracking_uri, data_dir, split)
     nll, n = sequence_nll(model, dataset, range(len(dataset)), batch_size, torch.device("cpu"))
     recomputed = math.exp(nll / n)
     client.set_model_version_tag(version.name, version.version,

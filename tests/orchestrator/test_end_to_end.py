@@ -215,6 +215,12 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
     recomputed = float(version.tags["test_perplexity_recomputed"])  # stored on the version
     assert recomputed == pytest.approx(float(version.tags["test_perplexity"]), rel=1e-3)
+    probed = orchestrator(env, "models", "probe", "cemlab-cem-nano@best", "--sequences", "4")
+    assert probed.returncode == 0, probed.stdout + probed.stderr[-2000:]
+    table = probed.stdout.split("kl_to_prior", 1)[1].splitlines()[2:]  # nano: 2 layers x T=2
+    assert [tuple(line.split()[:2]) for line in table] == [
+        ("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
+    assert all(float(line.split()[-1]) >= 0 for line in table)
     listed = orchestrator(env, "models", "list")
     assert "cemlab-llama-nano" in listed.stdout and "cemlab-cem-nano" in listed.stdout
     assert "registered (UTC)" in listed.stdout and "test ppl" in listed.stdout
