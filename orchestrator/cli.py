@@ -14,6 +14,14 @@ REL_TOLERANCE = 1e-3  # `models eval` must reproduce the registered test perplex
 MAX_TRIALS = 1000  # a larger grid runs only with --yes (a typo in a grid axis is days of GPU)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (else argparse's one-line usage error)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m orchestrator",
                                      description="CEM Lab experiments: plan, run, analyse.")
@@ -54,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     m = models.add_parser("probe", help="how much of each attention layer reads content, "
                           "not position: KL from its position prior")
     m.add_argument("ref", help=ref)
-    m.add_argument("--sequences", type=int, default=16, help="validation sequences probed")
+    m.add_argument("--sequences", type=_positive_int, default=16,
+                   help="validation sequences probed (default 16)")
     m = models.add_parser("generate", help="print a continuation sampled from a version")
     m.add_argument("ref", help=ref)
     m.add_argument("prompt", help="the text to continue")

@@ -98,3 +98,14 @@ def test_a_version_without_its_package_is_deleted_not_left_half_made(store, toke
     assert client.search_model_versions("name = 'cemlab-llama-nano'") == []
     with pytest.raises(LookupError, match="no such registered model version"):
         registry.resolve(client, "cemlab-llama-nano@best")
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_the_probe_refuses_a_bad_sequence_count_in_one_line(value, capsys):
+    from orchestrator.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["models", "probe", "cemlab-cem-nano@best", "--sequences", value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m orchestrator models probe: error: argument --sequences")

@@ -66,3 +66,4 @@ def test_llama_with_alibi_is_probed_and_llama_with_rope_is_not():
     assert all(r["kl_to_prior"] > 0 for r in rows)
     rope = _model()
     assert position_prior_kl(rope, _idx(rope)) == []
+
