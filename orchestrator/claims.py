@@ -131,7 +131,7 @@ RECURSION_CLAIMS: tuple[Claim, ...] = (
           _STEP_SIZES, "Algorithm 1", "recursion-readings",
           (Comparison("t2-eta-half", "t1"),)),
     Claim("eta-learn", "T=2 with a learnable eta (from eta / T) beats T=1", _STEP_SIZES,
-          "Algorithm 1", "recursion-readings", (Comparison("t2-eta-learn", "t1"),)),
+          "Algorithm 1", "recursion-eta-learn", (Comparison("t2-eta-learn", "t1"),)),
     Claim("unit-p", "T=2 beats T=1 when the preconditioner starts at P = I (not 1.31 I)",
           "p is initialized to 1/sqrt(D_h). This ensures that d starts at 1, but still yielding "
           "an appropriate effective gradient step size (softplus(1) = 1.31)", "App. C.4",
