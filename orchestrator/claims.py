@@ -154,6 +154,6 @@ RECURSION_CLAIMS: tuple[Claim, ...] = (
 
 CLAIM_SETS: dict[str, ClaimSet] = {s.key: s for s in (
     ClaimSet("paper", "The paper's claims", CLAIMS),
-    ClaimSet("recursion", "Within-layer recursion: does T=2 beat T=1 under any reading?",
+    ClaimSet("recursion", "Within-layer recursion, T=2 against T=1 under each reading,",
              RECURSION_CLAIMS, ladder=("tokens-x1", "eta1", "tokens-x16")),
 )}

@@ -18,11 +18,10 @@ does, and is inconclusive otherwise.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.analysis import Point, seed_choices
@@ -69,7 +68,7 @@ class ClaimResult:
     effects: tuple[Effect, ...]
     arms: list[dict]  # per (dataset, size, variant): test and chosen LR, mean ± std over seeds
     incomplete: tuple[str, ...] = ()  # arms and seeds left out: their LR grid is unfinished
-    tests: dict[tuple[str, str, str], list[float]] = dataclasses.field(default_factory=dict)
+    tests: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     # ^ (dataset, size, variant) -> the test metric of each seed at its chosen LR
 
     @property
@@ -225,7 +224,6 @@ def figure(result: ClaimResult, path: Path) -> None:
     """Per-seed effects (dots), their mean and 95 % interval (bar) for every comparison of the
     claim, against 0 and the claim's margin; written as a PNG (matplotlib, no display)."""
     plt = _pyplot()
-
     effects = result.effects
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * max(len(effects), 1)))
     for y, e in enumerate(effects):
