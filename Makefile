@@ -23,7 +23,7 @@ help:
 	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes"
 	@echo "make cluster-test  rehearse a 2-host cluster on this machine (root: network namespaces)"
 	@echo "make reproduce-cpu  run the paper's claims at CPU scale, write docs/results/REPORT.md"
-	@echo "make recursion-cpu  the recursion study (T=2 vs T=1 per reading): docs/results/recursion/"
+	@echo "make recursion-cpu  the recursion study (T=2 vs T=1 per reading): docs/results/recursion*/"
 	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
 	@echo "make down       stop the local services started by make up/demo/dashboard"
 
@@ -71,7 +71,9 @@ reproduce-cpu: up
 # The recursion study (issue 10 §1, docs/recursion.md): the same, on experiments/studies/.
 recursion-cpu: up
 	@source $(SERVICES) && python -m orchestrator report experiments/studies/ --claims recursion \
-	  --out docs/results/recursion
+	  --out docs/results/recursion && \
+	  python -m orchestrator report experiments/studies/ --claims recursion-options \
+	  --out docs/results/recursion-options
 
 dashboard: up
 	@source $(SERVICES) && echo "dashboard: http://127.0.0.1:$(DASHBOARD_PORT)" && \

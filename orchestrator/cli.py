@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("directory", help="the claims' specs, e.g. experiments/paper/ (--claims "
                    "paper) or experiments/studies/ (--claims recursion)")
     p.add_argument("--claims", choices=sorted(CLAIM_SETS), default="paper",
-                   help="which claims: the paper's (default) or the recursion study's")
+                   help="which claims: the paper's (default) or the recursion study's (step "
+                   "sizes, precision, tokens; recursion-options: Algorithm 1's other readings)")
     p.add_argument("--scale", choices=["cpu", "paper"], default="cpu",
                    help="cpu: the -cpu twins (default); paper: the paper-scale specs")
     p.add_argument("--out", default="docs/results", help="where REPORT.md and figures go")

@@ -33,7 +33,8 @@ LRS = [0.001, 0.002, 0.004]
 
 
 @pytest.mark.parametrize(("claims", "directory", "scale"), [
-    ("paper", PAPER, "cpu"), ("paper", PAPER, "paper"), ("recursion", STUDIES, "cpu")])
+    ("paper", PAPER, "cpu"), ("paper", PAPER, "paper"), ("recursion", STUDIES, "cpu"),
+    ("recursion-options", STUDIES, "cpu")])
 def test_every_claim_compares_variants_of_its_spec(claims, directory, scale):
     claim_set = CLAIM_SETS[claims]
     assert set(claim_set.ladder) <= {c.key for c in claim_set.claims}
