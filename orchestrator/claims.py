@@ -117,6 +117,8 @@ _BUDGET = ("All models are trained on SlimPajama for the compute-optimal number 
            "corresponding Llama baselines")
 _STEP_SIZES = ("Hyperparameters: Recursive steps T_eps, T_xi, step sizes eta_eps, eta_xi "
                "(Algorithm 1 never gives their values)")
+_FP32 = Claim("fp32", "T=2 beats T=1 in fp32 (the readings' precision is auto: bf16 where "
+               "supported)", "Precision: bf16-mixed", "Table 2", "recursion-fp32", _T2_BEATS_T1)
 RECURSION_CLAIMS: tuple[Claim, ...] = (
     Claim("eta1", "T=2 beats T=1 with eta = 1 per step (our default reading)",
           "starting from x_i^(0) = h_i, we perform T updates of the form x_i^(t+1) = x_i^(t) - "
@@ -130,16 +132,16 @@ RECURSION_CLAIMS: tuple[Claim, ...] = (
     Claim("eta-half", "T=2 with eta / T per step beats T=1 (two steps no larger than one)",
           _STEP_SIZES, "Algorithm 1", "recursion-readings",
           (Comparison("t2-eta-half", "t1"),)),
-    Claim("fp32", "T=2 beats T=1 in fp32 (the readings' precision is auto: bf16 where supported)",
-          "Precision: bf16-mixed", "Table 2", "recursion-fp32", _T2_BEATS_T1),
+    _FP32,
     Claim("tokens-x1", "T=2 beats T=1 on 1/16 of the Chinchilla budget (the token ladder's "
           "base)", _BUDGET, "Sec. 4", "recursion-budget-x1", _T2_BEATS_T1),
     Claim("tokens-x16", "T=2 beats T=1 on the full Chinchilla budget (16x the base)", _BUDGET,
           "Sec. 4", "recursion-budget-x16", _T2_BEATS_T1),
 )
 
-# Algorithm 1's other readings, each a model option against its own T=1 twin: reported apart
-# (docs/results/recursion-options/) from the step sizes, precision and token ladder above.
+# Algorithm 1's other readings, each a model option against its own T=1 twin, and the
+# precisions side by side (fp32 and bf16 trained on one machine): reported apart
+# (docs/results/recursion-options/) from the step sizes and token ladder above.
 RECURSION_OPTION_CLAIMS: tuple[Claim, ...] = (
     Claim("eta-learn", "T=2 with a learnable eta (from eta / T) beats T=1", _STEP_SIZES,
           "Algorithm 1", "recursion-eta-learn", (Comparison("t2-eta-learn", "t1"),)),
@@ -155,6 +157,9 @@ RECURSION_OPTION_CLAIMS: tuple[Claim, ...] = (
           "eps(x_i | h_{1:i}) = -tau sum_k log sum_j exp(beta_kj^T x_i / tau) where beta_kj = "
           "A_k h_j", "Eq. 1", "recursion-raw-keys",
           (Comparison("t2-raw-keys", "t1-raw-keys"),)),
+    _FP32,
+    Claim("bf16", "T=2 beats T=1 in bf16 (the paper's precision, pinned: the fp32 twin)",
+          "Precision: bf16-mixed", "Table 2", "recursion-bf16", _T2_BEATS_T1),
 )
 
 CLAIM_SETS: dict[str, ClaimSet] = {s.key: s for s in (
@@ -163,5 +168,5 @@ CLAIM_SETS: dict[str, ClaimSet] = {s.key: s for s in (
              "training length,",
              RECURSION_CLAIMS, ladder=("tokens-x1", "eta1", "tokens-x16")),
     ClaimSet("recursion-options", "Within-layer recursion, T=2 against T=1 under Algorithm 1's "
-             "other readings,", RECURSION_OPTION_CLAIMS),
+             "other readings and in fp32 and bf16,", RECURSION_OPTION_CLAIMS),
 )}
