@@ -157,6 +157,11 @@ RECURSION_OPTION_CLAIMS: tuple[Claim, ...] = (
           "eps(x_i | h_{1:i}) = -tau sum_k log sum_j exp(beta_kj^T x_i / tau) where beta_kj = "
           "A_k h_j", "Eq. 1", "recursion-raw-keys",
           (Comparison("t2-raw-keys", "t1-raw-keys"),)),
+    Claim("raw-keys-vs-2eta", "With raw keys, T=2 beats a single step of 2 eta (the recursion "
+          "adds more than step size)", "A natural extension is therefore to apply multiple "
+          "recursive updates within the same layer, analogous to running several iterations of "
+          "an optimization algorithm", "Sec. 2.3", "recursion-raw-keys",
+          (Comparison("t2-raw-keys", "t1-eta2-raw-keys"),)),
     _FP32,
     Claim("bf16", "T=2 beats T=1 in bf16 (the paper's precision, pinned: the fp32 twin)",
           "Precision: bf16-mixed", "Table 2", "recursion-bf16", _T2_BEATS_T1),
