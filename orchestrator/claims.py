@@ -153,6 +153,11 @@ RECURSION_OPTION_CLAIMS: tuple[Claim, ...] = (
           "h_{1:i} <- RMSNorm(h_{1:i}); x_i <- h_i (Algorithm 1 read literally, against Sec. "
           "2.3's 'starting from x_i^(0) = h_i')", "Algorithm 1", "recursion-norm-start",
           (Comparison("t2-norm-start", "t1-norm-start"),)),
+    Claim("norm-start-vs-2eta", "With x(0) = RMSNorm(h), T=2 beats a single step of 2 eta",
+          "A natural extension is therefore to apply multiple recursive updates within the same "
+          "layer, analogous to running several iterations of an optimization algorithm",
+          "Sec. 2.3", "recursion-norm-start",
+          (Comparison("t2-norm-start", "t1-eta2-norm-start"),)),
     Claim("raw-keys", "T=2 beats T=1 when the keys read the raw stream h (not RMSNorm(h))",
           "eps(x_i | h_{1:i}) = -tau sum_k log sum_j exp(beta_kj^T x_i / tau) where beta_kj = "
           "A_k h_j", "Eq. 1", "recursion-raw-keys",
