@@ -15,6 +15,7 @@ from workloads.base import Trial
 from workloads.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
 from workloads.memory import trial_memory
 from workloads.models import ModelConfig
+from workloads.optim import planned_precision
 from workloads.provenance import code_fingerprint
 from workloads.registry import get_workload
 
@@ -31,15 +32,23 @@ def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,
     return micro, share // micro
 
 
+def planned_training(spec: ExperimentSpec) -> TrainingConfig:
+    """``spec.training`` as its trials run it: ``precision: auto`` fixed to bf16 or fp32
+    (``workloads.optim.planned_precision``), so that a trial's identity and its MLflow params
+    say which one it trained in, and workers on other hardware train in the same."""
+    precision = planned_precision(spec.training.precision, spec.resources.use_gpu)
+    return spec.training.model_copy(update={"precision": precision})
+
+
 def trial_id(spec: ExperimentSpec, model: ModelConfig, dataset: str, lr: float, seed: int,
              tokens: int, data: Any = None, code: str | None = None) -> str:
     """Hash of a trial's scientific identity: workload, dataset, model, data (with ``data``,
-    the prepared data: a corpus's content), budget, optimizer, learning rate, seed and the code
-    that computes it (``code``, default ``code_fingerprint()``); not its resources,
-    micro-batching or logging."""
+    the prepared data: a corpus's content), budget, optimizer and precision
+    (``planned_training``), learning rate, seed and the code that computes it (``code``,
+    default ``code_fingerprint()``); not its resources, micro-batching or logging."""
     identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
                 "data": get_workload(spec.workload).identity(spec.workload_config, data),
-                "training": spec.training.model_dump(exclude=NOT_SCIENCE),
+                "training": planned_training(spec).model_dump(exclude=NOT_SCIENCE),
                 "lr": lr, "seed": seed, "tokens": tokens, "code": code or code_fingerprint()}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -54,6 +63,7 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     config = spec.workload_config
     vocab = workload.vocab_size(config, data)
     micro, accum = batch_geometry(spec.training, spec.resources, workload.micro_batches)
+    training = planned_training(spec)
     trials = []
     for dataset in workload.datasets(config):
         for size in spec.sizes:
@@ -65,7 +75,7 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
                         trials.append(Trial(
                             trial_id(spec, model, dataset, lr, seed, budget.units, data),
                             spec.workload, dataset, variant, size, lr, seed, model, config,
-                            spec.training, spec.resources, budget, micro, accum))
+                            training, spec.resources, budget, micro, accum))
     return trials
 
 
@@ -116,8 +126,9 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     r, tr, first = spec.resources, spec.training, trials[0]
     head = (f"experiment {spec.name} ({spec.workload}): {len(trials)} trial(s); each "
             f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
-            f", ZeRO {tr.zero_stage}, global batch {tr.batch_size} = {first.micro_batch_size} "
-            f"per micro-batch x {first.grad_accum} accumulation x {r.num_workers} worker(s)")
+            f", ZeRO {tr.zero_stage}, {first.training.precision}, global batch {tr.batch_size} = "
+            f"{first.micro_batch_size} per micro-batch x {first.grad_accum} accumulation x "
+            f"{r.num_workers} worker(s)")
     total = (f"total: {sum(t.tokens for t in trials):,} {unit}, "
              f"{sum(t.steps for t in trials):,} steps, "
              f"{sum(t.budget.flops for t in trials):.3g} FLOPs")

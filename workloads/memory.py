@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from workloads.config import ResourcesConfig, TrainingConfig
 from workloads.models import ModelConfig
 from workloads.models.model import parameter_counts
-from workloads.optim import resolve_precision
+from workloads.optim import planned_precision
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,8 @@ def estimate_memory(model: ModelConfig, micro_batch_size: int, zero_stage: int,
 
 def trial_memory(model: ModelConfig, training: TrainingConfig, resources: ResourcesConfig,
                  micro_batch_size: int) -> MemoryEstimate:
-    """``estimate_memory`` of a trial: its ZeRO stage, worker count and precision (``auto`` is
-    bf16 on a GPU, as on every GPU of ``workloads.hardware.PEAK_TFLOPS``, and this machine's
-    choice on a CPU), with fused attention on GPUs only."""
-    precision = training.precision
-    if precision == "auto":
-        precision = "bf16" if resources.use_gpu else resolve_precision("auto")
+    """``estimate_memory`` of a trial: its ZeRO stage, worker count and precision
+    (``workloads.optim.planned_precision``), with fused attention on GPUs only."""
     return estimate_memory(model, micro_batch_size, training.zero_stage, resources.num_workers,
-                           precision, fused_attention=resources.use_gpu)
+                           planned_precision(training.precision, resources.use_gpu),
+                           fused_attention=resources.use_gpu)

@@ -69,10 +69,21 @@ def bf16_supported() -> bool:
 
 
 def resolve_precision(precision: Literal["auto", "bf16", "fp32"]) -> str:
-    """``auto`` -> ``bf16`` where supported, else ``fp32``."""
+    """``auto`` -> ``bf16`` where this machine supports it, else ``fp32``."""
     if precision == "auto":
         return "bf16" if bf16_supported() else "fp32"
     return precision
+
+
+def planned_precision(precision: Literal["auto", "bf16", "fp32"], use_gpu: bool) -> str:
+    """The precision a trial trains in, fixed when it is planned (it is part of the trial's
+    identity: the same ``auto`` trains in bf16 on one machine and in fp32 on another).
+
+    ``bf16``/``fp32`` as given; ``auto`` -> ``bf16`` for GPU workers (every GPU of
+    ``workloads.hardware.PEAK_TFLOPS`` computes it; pin ``fp32`` for one that does not) and,
+    for CPU workers, the planning machine's ``resolve_precision("auto")``.
+    """
+    return "bf16" if precision == "auto" and use_gpu else resolve_precision(precision)
 
 
 def deepspeed_config(micro_batch_size: int, grad_accum: int, world_size: int, zero_stage: int,

@@ -182,3 +182,24 @@ def test_paper_fig3a_budget_is_chinchilla_on_table_1():
                                          "llama-134m": (768, 12, 2048),
                                          "llama-162m": (864, 12, 2304)}[t.size])
         assert 20 * baseline <= t.tokens < 20 * baseline + 128 * 2048
+
+
+def test_precision_auto_is_fixed_when_planned_and_is_part_of_the_trial_id():
+    """``auto`` trains in bf16 on one machine and fp32 on another: a trial carries (and its id
+    hashes) the precision it trains in, bf16 on GPUs and this machine's choice on CPUs."""
+    from workloads.optim import bf16_supported
+
+    here = "bf16" if bf16_supported() else "fp32"
+    auto = parse_spec(GRID)
+    assert auto.training.precision == "auto"
+    assert {t.training.precision for t in plan(auto)} == {here}
+    gpu = parse_spec({**GRID, "resources": {"num_workers": 2, "use_gpu": True}})
+    assert {t.training.precision for t in plan(gpu)} == {"bf16"}
+
+    def ids(precision: str) -> list[str]:
+        pinned = {**GRID, "training": {**GRID["training"], "precision": precision}}
+        return [t.trial_id for t in plan(parse_spec(pinned))]
+
+    other = "fp32" if here == "bf16" else "bf16"
+    assert [t.trial_id for t in plan(auto)] == ids(here)
+    assert not set(ids(here)) & set(ids(other))
