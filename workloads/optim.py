@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Literal
 
@@ -58,8 +59,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig, total
         optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_fraction, cfg.final_lr_fraction))
 
 
+@functools.cache
 def bf16_supported() -> bool:
-    """Whether this machine's accelerator (CUDA) or CPU (AVX512-BF16/AMX) computes in bf16."""
+    """Whether this machine's accelerator (CUDA) or CPU (AVX512-BF16/AMX) computes in bf16
+    (asked once per process: every planned trial, memory estimate and session needs it)."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
     try:
