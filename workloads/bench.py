@@ -1,7 +1,7 @@
 """Forward+backward throughput of every variant at equal dimensions.
 
     python -m workloads.bench --preset micro [--batch 8] [--seconds 6] [--rounds 3]
-                              [--precision fp32] [--cem-kernel sdpa] [--json-out FILE]
+                              [--precision fp32] [--cem-kernel auto] [--json-out FILE]
 
 On the GPU when there is one, else the CPU, with the model cast to ``--precision`` (``auto``:
 bf16 where supported, as the trials train). Prints a table (tokens/s, step time relative to
@@ -100,9 +100,10 @@ def main(argv: list[str] | None = None) -> None:
                         "spread over --rounds rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="fp32")
-    parser.add_argument("--cem-kernel", choices=["sdpa", "explicit"], default="sdpa",
-                        help="CEMAttention.kernel (explicit: faster in bf16 on a CPU, scores "
-                        "rounded to bf16)")
+    parser.add_argument("--cem-kernel", choices=["auto", "sdpa", "explicit", "flex"],
+                        default="auto", help="CEMAttention.kernel (auto: compiled FlexAttention "
+                        "on a GPU, SDPA elsewhere; explicit: faster in bf16 on a CPU, scores "
+                        "rounded to bf16; flex needs a GPU to train)")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     CEMAttention.kernel = args.cem_kernel

@@ -16,6 +16,7 @@ from torch import nn
 
 from workloads.models.config import ModelConfig
 from workloads.models.energy import elementwise_energy, interaction_energy
+from workloads.models.flex import alibi_flex_attention
 from workloads.models.position import alibi_bias, alibi_slopes
 from workloads.models.precond import Preconditioner
 
@@ -59,12 +60,15 @@ class CEMAttention(nn.Module):
     """
 
     # How the scores become outputs: ``sdpa`` (torch's scaled_dot_product_attention with the
-    # bias as its float mask) or ``explicit`` (scores, softmax and the weighted sum as three
-    # ops: the reference). In bf16 on a CPU, ``explicit`` takes 0.8x the step time at ``micro``,
-    # but it rounds the scores to bf16 before the softmax, which SDPA (like the fused kernel of
-    # Llama's attention) does not: the demo's CEM perplexities moved by up to 3.7 %, so it is
-    # not the default (README, "Speed").
-    kernel: str = "sdpa"
+    # bias as its float mask), ``explicit`` (scores, softmax and the weighted sum as three ops:
+    # the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
+    # ``auto``: flex on a GPU, sdpa elsewhere (FlexAttention has no CPU backward). The Newton
+    # step needs the probabilities, so it takes sdpa's (explicit) path whatever is set. In bf16
+    # on a CPU, ``explicit`` takes 0.8x the step time at ``micro``, but it rounds the scores to
+    # bf16 before the softmax, which SDPA (like the fused kernel of Llama's attention) does
+    # not: the demo's CEM perplexities moved by up to 3.7 %, so it is not the default (README,
+    # "Speed").
+    kernel: str = "auto"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -110,6 +114,12 @@ class CEMAttention(nn.Module):
         h_norm = _fixed_input(self, h)
         return h_norm, self._heads(self.k_proj(h_norm))
 
+    def uses_flex(self, h: torch.Tensor) -> bool:
+        """Whether the plain steps on ``h``'s device take the FlexAttention kernel (``kernel``)."""
+        if self.cfg.update == "newton":
+            return False
+        return self.kernel == "flex" or (self.kernel == "auto" and h.is_cuda)
+
     def attention_probs(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """p_ijk at iterate ``x`` given the block input ``h`` (both (B, T, D)): the softmax over
         j <= i of s_ijk, shape (B, K, T, T) (zero above the diagonal)."""
@@ -117,24 +127,30 @@ class CEMAttention(nn.Module):
         bias = self.score_bias(h.shape[1], h.dtype)
         return self._attend(self.norm(x), h_norm, k, bias, need_probs=True)[1]
 
-    def _attend(self, u: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor, bias: torch.Tensor,
-                need_probs: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention outputs o = sum_j p_ij v_j (B, K, T, Dh [+ D]) and optionally p."""
+    def _attend(self, u: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor,
+                bias: torch.Tensor | None, need_probs: bool,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention outputs o = sum_j p_ij v_j (B, K, T, Dh [+ D]) and optionally p; ``bias``
+        None: the FlexAttention kernel, which computes the bias itself (no p)."""
         q = self._heads(self.q_proj(u))
         scale = 1 / math.sqrt(self.d_head)
         v = k
         if self.kq_diag is not None:
             b, t, d = u.shape
             hn = h_norm[:, None].expand(b, self.n_head, t, d)  # (B, K, T, D)
-            if self.kq_diag.dim() == 1:  # shared: h~_jᵀ D u_i is one (B, T, T) term for all heads
+            if self.kq_diag.dim() == 1 and bias is not None:
+                # shared: h~_jᵀ D u_i is one (B, T, T) term for all heads
                 diag_scores = (u * self.kq_diag) @ h_norm.transpose(-1, -2) * scale
                 bias = bias + diag_scores[:, None]
-            else:  # per head: fold into the dot product, [q, D_k u] . [k, h~]
-                q = torch.cat([q, u[:, None] * self.kq_diag[None, :, None, :]], dim=-1)
+            else:  # per head, or any diagonal in FlexAttention: [q, D_k u] . [k, h~]
+                q = torch.cat([q, u[:, None] * self._diag()[None, :, None, :]], dim=-1)
                 k = torch.cat([k, hn], dim=-1)
             if self.cfg.energy_exact:
                 v = torch.cat([v, hn], dim=-1)
-        if self.kernel == "sdpa" and not need_probs:
+        if bias is None:
+            return alibi_flex_attention(q, k, v, self.alibi_slopes, self.self_bias,
+                                        self.cross_bias, scale), None
+        if self.kernel != "explicit" and not need_probs:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), None
         p = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
         return p @ v, p
@@ -193,8 +209,9 @@ class CEMAttention(nn.Module):
         return self.precond(w).transpose(0, 1).reshape(-1, w.shape[-1])
 
     def direction(self, x: torch.Tensor, h_norm: torch.Tensor, k: torch.Tensor,
-                  bias: torch.Tensor) -> torch.Tensor:
-        """The update direction at iterate ``x`` (B, T, D): sum_k P_k (g_k [+ Newton term])."""
+                  bias: torch.Tensor | None) -> torch.Tensor:
+        """The update direction at iterate ``x`` (B, T, D): sum_k P_k (g_k [+ Newton term]);
+        ``bias`` (K, T, T), or None for the FlexAttention kernel (``uses_flex``)."""
         u = self.norm(x)
         newton = self.cfg.update == "newton"
         o, p = self._attend(u, h_norm, k, bias, need_probs=newton)
@@ -218,7 +235,7 @@ class CEMAttention(nn.Module):
         pass; the velocity is read from and written back to it.
         """
         cfg, eta = self.cfg, self.step_size
-        bias = self.score_bias(h.shape[1], h.dtype)
+        bias = None if self.uses_flex(h) else self.score_bias(h.shape[1], h.dtype)
         xs = [h if cfg.recursion_start == "h" else self.norm(h)]
         if cfg.layer_reuse:  # plain reuse: the whole residual sublayer again, keys recomputed
             for _ in range(cfg.attn_steps):

@@ -4,12 +4,14 @@ Every test builds layers with random weights, so a step that only looks right at
 would fail here.
 """
 
+import copy
 import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.attention.flex_attention as flex_attention_module
 from scipy.integrate import quad
 
 from workloads.models import ModelConfig
@@ -188,26 +190,58 @@ def test_one_step_is_a_tied_pre_norm_llama_layer_with_alibi():
     torch.testing.assert_close(cem_mlp(h), llama_mlp(h))
 
 
+def _outputs_and_gradients(layer: CEMAttention, h: torch.Tensor, kernel: str,
+                           monkeypatch) -> list[torch.Tensor]:
+    monkeypatch.setattr(CEMAttention, "kernel", kernel)
+    layer.zero_grad()
+    x = h.clone().requires_grad_(True)
+    out = layer(x)
+    out.square().sum().backward()
+    return [out, x.grad, *(p.grad for p in layer.parameters())]
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flex"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(("diag", "exact"), [("none", False), ("shared", True),
                                              ("per_head", True), ("shared", False)])
-def test_sdpa_path_equals_the_explicit_path(diag, exact, dtype, monkeypatch):
+def test_fused_paths_equal_the_explicit_path(kernel, diag, exact, dtype, monkeypatch):
+    """SDPA and FlexAttention against scores-softmax-sum, outputs and every gradient (the
+    learned self/cross bias and the diagonal's included), with T = 2 steps."""
+    if kernel == "flex":
+        # torch refuses FlexAttention's backward on a CPU because its compiled CPU kernel has
+        # none; the eager implementation it would run is the device-independent one that eager
+        # CUDA runs too, so the kernel's math (score_mod, block mask, bias gradients) is held
+        # to the reference here. The compiled GPU kernel: the CUDA test below.
+        monkeypatch.setattr(flex_attention_module, "_validate_device", lambda *_: None)
     layer = make(CEMAttention, seed=5, attention="cem", n_head=2, kq_diag=diag, attn_steps=2,
                  energy_exact=exact, attn_preconditioner="diag_lowrank").to(dtype)
     h = torch.randn(2, 7, layer.cfg.d_model, dtype=dtype)
-
-    def outputs_and_gradients(kernel: str) -> list[torch.Tensor]:
-        monkeypatch.setattr(CEMAttention, "kernel", kernel)
-        layer.zero_grad()
-        x = h.clone().requires_grad_(True)
-        out = layer(x)
-        out.square().sum().backward()
-        return [out, x.grad, *(p.grad for p in layer.parameters())]
-
-    fused, explicit = outputs_and_gradients("sdpa"), outputs_and_gradients("explicit")
-    tol = {} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    fused = _outputs_and_gradients(layer, h, kernel, monkeypatch)
+    explicit = _outputs_and_gradients(layer, h, "explicit", monkeypatch)
     for a, b in zip(fused, explicit, strict=True):
+        # fp32: to 1e-5 of the tensor's largest entry (gradients reach ~1e3 here, and a small
+        # entry of a large gradient carries the large one's rounding)
+        tol = ({} if dtype == torch.float64
+               else {"rtol": 1e-5, "atol": 1e-5 * b.abs().max().item()})
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a GPU")
+@pytest.mark.parametrize("diag", ["none", "shared"])
+def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatch):
+    """``kernel = "auto"`` takes compiled FlexAttention on CUDA; in bf16 it stays within bf16
+    rounding of the fp32 explicit path, outputs and gradients."""
+    layer = make(CEMAttention, seed=5, attention="cem", n_head=4, d_model=64,
+                 context_length=128, kq_diag=diag, attn_steps=2,
+                 attn_preconditioner="diag_lowrank").cuda().float()
+    h = torch.randn(2, 128, 64, device="cuda")
+    assert layer.uses_flex(h)
+    reference = [t.detach().clone() for t in
+                 _outputs_and_gradients(layer, h, "explicit", monkeypatch)]
+    flex = _outputs_and_gradients(copy.deepcopy(layer).bfloat16(), h.bfloat16(), "auto",
+                                  monkeypatch)
+    for a, b in zip(flex, reference, strict=True):
+        torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("diag", ["none", "shared"])
