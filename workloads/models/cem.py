@@ -62,12 +62,12 @@ class CEMAttention(nn.Module):
     # How the scores become outputs: ``sdpa`` (torch's scaled_dot_product_attention with the
     # bias as its float mask), ``explicit`` (scores, softmax and the weighted sum as three ops:
     # the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
-    # ``auto``: flex on a GPU, sdpa elsewhere (FlexAttention has no CPU backward). The Newton
-    # step needs the probabilities, so it takes sdpa's (explicit) path whatever is set. In bf16
-    # on a CPU, ``explicit`` takes 0.8x the step time at ``micro``, but it rounds the scores to
-    # bf16 before the softmax, which SDPA (like the fused kernel of Llama's attention) does
-    # not: the demo's CEM perplexities moved by up to 3.7 %, so it is not the default (README,
-    # "Speed").
+    # ``auto``: flex to train on a GPU, sdpa elsewhere (FlexAttention has no CPU backward; see
+    # ``uses_flex``). The Newton step needs the probabilities, so it takes sdpa's (explicit)
+    # path whatever is set. In bf16 on a CPU, ``explicit`` takes 0.8x the step time at
+    # ``micro``, but it rounds the scores to bf16 before the softmax, which SDPA (like the fused
+    # kernel of Llama's attention) does not: the demo's CEM perplexities moved by up to 3.7 %,
+    # so it is not the default (README, "Speed").
     kernel: str = "auto"
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -115,10 +115,13 @@ class CEMAttention(nn.Module):
         return h_norm, self._heads(self.k_proj(h_norm))
 
     def uses_flex(self, h: torch.Tensor) -> bool:
-        """Whether the plain steps on ``h``'s device take the FlexAttention kernel (``kernel``)."""
+        """Whether the plain steps on ``h`` take the FlexAttention kernel (``kernel``): ``auto``
+        takes it to train on a GPU; without gradients (evaluation, generation, whose lengths
+        vary and would each compile a kernel) SDPA's fused GPU kernels need no bias gradient."""
         if self.cfg.update == "newton":
             return False
-        return self.kernel == "flex" or (self.kernel == "auto" and h.is_cuda)
+        return self.kernel == "flex" or (self.kernel == "auto" and h.is_cuda
+                                         and torch.is_grad_enabled())
 
     def attention_probs(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """p_ijk at iterate ``x`` given the block input ``h`` (both (B, T, D)): the softmax over

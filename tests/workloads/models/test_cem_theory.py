@@ -226,6 +226,16 @@ def test_fused_paths_equal_the_explicit_path(kernel, diag, exact, dtype, monkeyp
         torch.testing.assert_close(a, b, **tol)
 
 
+def test_flexattention_is_taken_only_where_it_can_train(monkeypatch):
+    layer = make(CEMAttention, seed=1, attention="cem")
+    h = torch.randn(1, 4, layer.cfg.d_model, dtype=torch.float64)
+    assert not layer.uses_flex(h)  # auto on a CPU: SDPA (FlexAttention has no CPU backward)
+    monkeypatch.setattr(CEMAttention, "kernel", "flex")
+    assert layer.uses_flex(h)
+    newton = make(CEMAttention, seed=1, attention="cem", update="newton", energy_exact=True)
+    assert not newton.uses_flex(h)  # the Newton step needs the probabilities
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a GPU")
 @pytest.mark.parametrize("diag", ["none", "shared"])
 def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatch):
@@ -236,6 +246,8 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
                  attn_preconditioner="diag_lowrank").cuda().float()
     h = torch.randn(2, 128, 64, device="cuda")
     assert layer.uses_flex(h)
+    with torch.no_grad():
+        assert not layer.uses_flex(h)  # evaluation and generation keep SDPA
     reference = [t.detach().clone() for t in
                  _outputs_and_gradients(layer, h, "explicit", monkeypatch)]
     flex = _outputs_and_gradients(copy.deepcopy(layer).bfloat16(), h.bfloat16(), "auto",
