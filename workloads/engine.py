@@ -136,6 +136,20 @@ def use_interpreter_tools() -> None:
         os.environ["PATH"] = here + os.pathsep + path
 
 
+def build_cpu_comm_op() -> Any:
+    """Build DeepSpeed's CPU shared-memory comm op into torch's extension cache (or load it from
+    there), as the first DeepSpeed trial on a CPU machine otherwise does inside its startup
+    (about 40 s on 2 cores). ``make setup`` calls it once per machine; every later trial, on
+    any interpreter of this environment, loads the built op (``use_interpreter_tools``).
+    Returns the loaded op module, or None where DeepSpeed finds it incompatible.
+    """
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    use_interpreter_tools()
+    from deepspeed.comm.torch import build_shm_op
+
+    return build_shm_op()
+
+
 def load_weights_only(path: str, map_location: Any = None) -> Any:
     """``torch.load`` of a DeepSpeed checkpoint file without unpickling code: tensors, containers
     and the three plain DeepSpeed types its ZeRO states hold (a loss scaler, the ZeRO stage enum

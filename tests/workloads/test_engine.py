@@ -54,3 +54,15 @@ def test_deepspeed_and_torch_engines_train_alike(tmp_path):
     assert ds["loss"] == pytest.approx(torch_["loss"], rel=1e-4)  # one optimizer, one clip
     assert ds["test_loss"] == pytest.approx(torch_["test_loss"], rel=1e-4)
     assert ds["loss"][-1] < ds["loss"][0]
+
+
+def test_the_cpu_comm_op_is_built_into_the_extension_cache_before_any_trial():
+    """What ``make setup`` runs: the op a CPU trial's DeepSpeed loads, built (or found) as a
+    shared library, so that the first trial does not build it inside its startup."""
+    code = ("from workloads.engine import build_cpu_comm_op; op = build_cpu_comm_op(); "
+            "print('OP', op.__file__, hasattr(op, 'initialize'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    path, has_initialize = out.split("OP ", 1)[1].split()
+    assert Path(path).is_file() and path.endswith(".so") and "shm_comm" in Path(path).name
+    assert has_initialize == "True"
