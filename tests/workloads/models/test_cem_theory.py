@@ -252,8 +252,8 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
                  _outputs_and_gradients(layer, h, "explicit", monkeypatch)]
     flex = _outputs_and_gradients(copy.deepcopy(layer).bfloat16(), h.bfloat16(), "auto",
                                   monkeypatch)
-    for a, b in zip(flex, reference, strict=True):
-        torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2)
+    for a, b in zip(flex, reference, strict=True):  # bf16: to 5 % of each tensor's scale
+        torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2 * b.abs().max().item())
 
 
 @pytest.mark.parametrize("diag", ["none", "shared"])
