@@ -4,7 +4,6 @@ Every test builds layers with random weights, so a step that only looks right at
 would fail here.
 """
 
-import copy
 import itertools
 import math
 
@@ -239,8 +238,11 @@ def test_flexattention_is_taken_only_where_it_can_train(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a GPU")
 @pytest.mark.parametrize("diag", ["none", "shared"])
 def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatch):
-    """``kernel = "auto"`` takes compiled FlexAttention on CUDA; in bf16 it stays within bf16
-    rounding of the fp32 explicit path, outputs and gradients."""
+    """``kernel = "auto"`` trains with compiled FlexAttention on CUDA: in fp32 it equals the
+    explicit path to 1e-4 of each tensor's scale (outputs and every gradient; the bias
+    gradients are atomic adds, in no fixed order), and it runs in bf16. (In bf16 this random
+    layer is ill-conditioned: SDPA and FlexAttention both sit 13-17 % of the scale from fp32,
+    measured with the eager kernels on a CPU.)"""
     layer = make(CEMAttention, seed=5, attention="cem", n_head=4, d_model=64,
                  context_length=128, kq_diag=diag, attn_steps=2,
                  attn_preconditioner="diag_lowrank").cuda().float()
@@ -250,10 +252,11 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
         assert not layer.uses_flex(h)  # evaluation and generation keep SDPA
     reference = [t.detach().clone() for t in
                  _outputs_and_gradients(layer, h, "explicit", monkeypatch)]
-    flex = _outputs_and_gradients(copy.deepcopy(layer).bfloat16(), h.bfloat16(), "auto",
-                                  monkeypatch)
-    for a, b in zip(flex, reference, strict=True):  # bf16: to 5 % of each tensor's scale
-        torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2 * b.abs().max().item())
+    flex = _outputs_and_gradients(layer, h, "auto", monkeypatch)
+    for a, b in zip(flex, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+    bf16 = _outputs_and_gradients(layer.bfloat16(), h.bfloat16(), "auto", monkeypatch)
+    assert all(torch.isfinite(t).all() for t in bf16)
 
 
 @pytest.mark.parametrize("diag", ["none", "shared"])
