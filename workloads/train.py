@@ -104,14 +104,16 @@ def preset_trial(args: argparse.Namespace, data_dir: str) -> Job:
 
 
 def spec_trial(args: argparse.Namespace, data_dir: str) -> Job:
-    """Trial ``args.trial`` (row or id) of the spec's plan, with its prepared data.
+    """Trial ``args.trial`` (row or id) of the spec's plan, with its prepared data, on one
+    worker: ``micro_batch_size x grad_accum`` is the spec's whole ``batch_size``, whatever
+    ``resources.num_workers`` the plan has (its id stays the plan's).
 
     Raises:
         SystemExit: an invalid spec, or no such trial (one line naming it).
     """
     # The one place workloads reaches into the orchestrator: reading and planning a spec is
     # the orchestrator's job, and this command's purpose is to run one of its trials.
-    from orchestrator.plan import plan
+    from orchestrator.plan import batch_geometry, plan
     from orchestrator.spec import SpecError, load_spec
 
     try:
@@ -133,7 +135,13 @@ def spec_trial(args: argparse.Namespace, data_dir: str) -> Job:
         None)
     if index is None:
         sys.exit(wrong)
-    return Job(planned[index], prepared.data)
+    # This process is the trial's only worker: it takes the whole global batch per step, as
+    # the planned workers do together (the same micro-batch size, their share accumulated).
+    trial = planned[index]
+    one = trial.resources.model_copy(update={"num_workers": 1})
+    micro, accum = batch_geometry(trial.training, one, workload.micro_batches)
+    return Job(dataclasses.replace(trial, resources=one, micro_batch_size=micro,
+                                   grad_accum=accum), prepared.data)
 
 
 def with_steps(job: Job, steps: int) -> Job:
@@ -156,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         job = with_steps(job, args.steps)
     t = job.trial
     print(f"{t.label} ({t.workload}, {t.dataset}): {t.steps} steps, {t.tokens:,} "
-          f"{get_workload(t.workload).unit}, {t.params['total']:,} parameters, in-process",
+          f"{get_workload(t.workload).unit}, {t.params['total']:,} parameters, in-process "
+          f"({t.micro_batch_size} per micro-batch x {t.grad_accum} accumulated per step)",
           flush=True)
     final, session = run_in_process(job)
     if args.metrics_json:

@@ -92,3 +92,28 @@ def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_pat
         proc = train("--spec", str(path), "--trial", trial, home=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "cem@nano lr=0.004 seed=0" in proc.stdout
+
+
+def test_a_multi_worker_spec_trial_takes_its_whole_batch_per_step_in_process(corpus_glob,
+                                                                             tmp_path):
+    """The plan gives each of 2 workers 4 of the 8 sequences per step; the one in-process
+    worker takes all 8 (4 per micro-batch, 2 accumulated): the same steps, loss for loss, as the
+    spec planned for 1 worker."""
+    histories = {}
+    for workers in (1, 2):
+        spec = {"name": f"lm-{workers}", "data": {"source": "text_files", "paths": corpus_glob,
+                                                  "vocab_size": 512},
+                "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
+                "training": {"tokens": 6 * 8 * 64, "batch_size": 8, "micro_batch_size": 4,
+                             "eval_interval": 3, "eval_sequences": 8, "log_interval": 3,
+                             "precision": "fp32"},
+                "resources": {"num_workers": workers}}
+        path, metrics = tmp_path / f"lm-{workers}.yaml", tmp_path / f"m-{workers}.json"
+        path.write_text(yaml.safe_dump(spec))
+        proc = train("--spec", str(path), "--trial", "0", "--metrics-json", str(metrics),
+                     home=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "(4 per micro-batch x 2 accumulated per step)" in proc.stdout
+        histories[workers] = json.loads(metrics.read_text())["history"]["loss"]
+    assert sorted(map(int, histories[2])) == list(range(1, 7))
+    assert histories[2] == histories[1]
