@@ -1,13 +1,16 @@
 """Forward+backward throughput of every variant at equal dimensions.
 
     python -m workloads.bench --preset micro [--batch 8] [--seconds 6] [--rounds 3]
-                              [--precision fp32] [--cem-kernel auto] [--json-out FILE]
+                              [--precision fp32] [--cem-kernel auto] [--compile]
+                              [--json-out FILE]
 
 On the GPU when there is one, else the CPU, with the model cast to ``--precision`` (``auto``:
 bf16 where supported, as the trials train). Prints a table (tokens/s, step time relative to
 Llama, achieved GFLOP/s from the analytic ``flops_per_token``, MFU over
 ``workloads.hardware.peak_flops``, peak memory: the allocator's per variant on a GPU, the
-process's high-water mark so far on a CPU) and the same rows as JSON. Targets on CPU: CEM
+process's high-water mark so far on a CPU, the first step's seconds: the compile with
+``--compile``, which runs every variant's model through ``torch.compile``) and the same rows as
+JSON. Targets on CPU: CEM
 attention at T = 1 no slower than 0.9x Llama's step time, the full ``cem-*`` configuration
 (T = 2) no slower than 1.5x.
 """
@@ -39,11 +42,15 @@ VARIANTS: dict[str, dict] = {
 
 
 def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
-            precision: str) -> list[float]:
-    """Seconds of each forward+backward step on (batch, context_length) tokens, timed for about
-    ``seconds`` (at least 3 steps) after 2 warm-up steps."""
+            precision: str, compiled: bool = False) -> tuple[float, list[float]]:
+    """The first warm-up step's seconds (it compiles, with ``compiled``: ``torch.compile`` of the
+    whole model, fixed shapes), and the seconds of each forward+backward step on (batch,
+    context_length) tokens, timed for about ``seconds`` (at least 3 steps) after 2 warm-up
+    steps."""
     dtype = DTYPES[precision]
     model = build_model(cfg).to(device=device, dtype=dtype)
+    if compiled:
+        model.compile(dynamic=False)  # in place: the same module, its forward compiled
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
 
     def step() -> None:
@@ -52,31 +59,38 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    for _ in range(2):
-        step()  # warm-up
+    start = time.perf_counter()
+    step()  # the first warm-up step: the compile, if any
+    first = time.perf_counter() - start
+    step()
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(times) < 3:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return times
+    return first, times
 
 
 def run(preset: str, batch: int, seconds: float, device: torch.device, precision: str,
-        rounds: int = 3) -> list[dict]:
+        rounds: int = 3, compiled: bool = False) -> list[dict]:
     """One row per variant: the median step time over ``rounds`` rounds that visit every
     variant in turn (``seconds`` per variant in all), so that a machine's drift does not
-    favour the variant measured first."""
+    favour the variant measured first; ``first_step_s``, the longest first step of a round
+    (with ``compiled``, the compile: every variant is compiled alike)."""
     peak = peak_flops(device, precision)[0]
     configs = {name: ModelConfig.from_preset(preset, **o) for name, o in VARIANTS.items()}
     times: dict[str, list[float]] = {name: [] for name in configs}
     memory = dict.fromkeys(configs, 0.0)
+    first = dict.fromkeys(configs, 0.0)
     for _ in range(rounds):
         for name, cfg in configs.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            times[name] += measure(cfg, batch, seconds / rounds, device, precision)
+            first_s, step_s = measure(cfg, batch, seconds / rounds, device, precision,
+                                     compiled)
+            times[name] += step_s
+            first[name] = max(first[name], first_s)
             memory[name] = max(memory[name], peak_memory_bytes(device) / 2**20)
     rows, llama_time = [], None
     for name, cfg in configs.items():
@@ -87,7 +101,8 @@ def run(preset: str, batch: int, seconds: float, device: torch.device, precision
         rows.append({"variant": name, "params": count_parameters(build_model(cfg))["total"],
                      "step_ms": 1000 * t, "tokens_per_s": tokens / t,
                      "step_time_vs_llama": t / llama_time, "gflops_per_s": flops / 1e9,
-                     "mfu": flops / peak, "peak_memory_mib": memory[name]})
+                     "mfu": flops / peak, "peak_memory_mib": memory[name],
+                     "first_step_s": first[name]})
     return rows
 
 
@@ -104,16 +119,20 @@ def main(argv: list[str] | None = None) -> None:
                         default="auto", help="CEMAttention.kernel (auto: compiled FlexAttention "
                         "on a GPU, SDPA elsewhere; explicit: faster in bf16 on a CPU, scores "
                         "rounded to bf16; flex needs a GPU to train)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every variant's "
+                        "model (all alike); first_step_s is then the compile")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     CEMAttention.kernel = args.cem_kernel
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(args.precision)
-    rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds)
+    rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds,
+               args.compile)
     cfg = ModelConfig.from_preset(args.preset)
+    compiled = ", torch.compile" if args.compile else ""
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
           f"context {cfg.context_length}), batch {args.batch}, {precision} on {device_name(device)}"
-          f" ({torch.get_num_threads()} threads), MFU against "
+          f" ({torch.get_num_threads()} threads){compiled}, MFU against "
           f"{peak_flops(device, precision)[1]}")
     print(tabulate(rows, headers="keys", floatfmt=",.3f", intfmt=","))
     print(json.dumps(rows))

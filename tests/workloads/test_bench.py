@@ -16,3 +16,39 @@ def test_the_bench_reports_mfu_against_the_measured_peak(tmp_path, monkeypatch):
         assert row["tokens_per_s"] == pytest.approx(2 * 64 / (row["step_ms"] / 1000))
         assert row["mfu"] == pytest.approx(row["gflops_per_s"] * 1e9 / peak)
         assert 0 < row["mfu"] < 1 and row["peak_memory_mib"] > 100
+
+
+@pytest.mark.slow
+def test_compiled_models_compute_what_eager_ones_do_and_the_bench_compiles_every_variant():
+    """``--compile`` times the same function: the compiled full CEM model (T = 2, shared
+    diagonal, preconditioners) gives eager's logits and gradients in fp32, and only with
+    ``compiled`` does the bench's measured model go through Dynamo."""
+    import copy
+
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+
+    from workloads.models import ModelConfig, build_model
+    from workloads.models.config import CEM_BEST
+
+    cfg = ModelConfig.from_preset("nano", **CEM_BEST)
+    torch.manual_seed(0)
+    eager = build_model(cfg)
+    fused = copy.deepcopy(eager)
+    fused.compile(dynamic=False)
+    idx = torch.randint(0, cfg.vocab_size, (2, cfg.context_length + 1))
+    logits = {}
+    for name, model in (("eager", eager), ("compiled", fused)):
+        logits[name] = model(idx[:, :-1])
+        F.cross_entropy(logits[name].flatten(0, 1), idx[:, 1:].flatten()).backward()
+    torch.testing.assert_close(logits["compiled"], logits["eager"], rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), fused.parameters(), strict=True):
+        scale = p.grad.abs().max().item()
+        assert (q.grad - p.grad).abs().max().item() <= 1e-5 * scale + 1e-8, name
+
+    for compiled, grows in ((False, False), (True, True)):
+        graphs = counters["stats"]["unique_graphs"]
+        first_s, times = bench.measure(ModelConfig.from_preset("nano", attention="cem"), 2, 0.01,
+                                       torch.device("cpu"), "fp32", compiled=compiled)
+        assert len(times) >= 3 and first_s > 0
+        assert (counters["stats"]["unique_graphs"] > graphs) == grows
