@@ -2,6 +2,7 @@
 plain PyTorch (what ``python -m workloads.train`` runs) give the same losses for the same trial."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,11 +59,14 @@ def test_deepspeed_and_torch_engines_train_alike(tmp_path):
 
 def test_the_cpu_comm_op_is_built_into_the_extension_cache_before_any_trial():
     """What ``make setup`` runs: the op a CPU trial's DeepSpeed loads, built (or found) as a
-    shared library, so that the first trial does not build it inside its startup."""
+    shared library, so that the first trial does not build it inside its startup; in this
+    environment's own extension cache, which another checkout's environment does not rebuild."""
     code = ("from workloads.engine import build_cpu_comm_op; op = build_cpu_comm_op(); "
             "print('OP', op.__file__, hasattr(op, 'initialize'))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, env=env).stdout
     path, has_initialize = out.split("OP ", 1)[1].split()
     assert Path(path).is_file() and path.endswith(".so") and "shm_comm" in Path(path).name
     assert has_initialize == "True"
+    assert Path(path).is_relative_to(Path(sys.prefix) / "torch_extensions")
