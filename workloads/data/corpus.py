@@ -1,7 +1,7 @@
 """From a corpus config to tokenized, split, sharded data on disk (cached), on Ray Data.
 
-Three passes over the source (``pipeline.scan``: Ray Data tasks on a cluster, else in this
-process), none holding the corpus in memory:
+Three passes over the source (``pipeline.scan``: Ray Data tasks on a cluster, else, or for a
+small node-local source, in this process), none holding the corpus in memory:
 
 1. hash every document: its split key (``split_keys``) and content digest; the driver keeps
    8 bytes per document, finds the split thresholds (``split_thresholds``) and the cache key;

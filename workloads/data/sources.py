@@ -51,6 +51,12 @@ class DocumentSource(Protocol):
 
     node_local: bool
 
+    def local_bytes(self) -> int | None:
+        """Bytes of this node's files that hold the documents, or None when not known without
+        reading (a stream, a dataset directory): what decides whether a pass is worth Ray
+        Data's tasks (``pipeline.scan``)."""
+        ...
+
     def parts(self) -> list[Any]: ...
 
     def read(self, part: Any) -> Iterator[list[Document]]: ...
@@ -123,6 +129,9 @@ class TextFilesSource:
                         "; ".join(f"{p}: {why}" for p, why in list(skipped.items())[:3]))
         if not self.paths:
             raise FileNotFoundError(f"no text file matches {pattern!r}")
+
+    def local_bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.paths)
 
     def parts(self) -> list[list[str]]:
         return [self.paths[i:i + _FILES_PER_PART]
@@ -198,6 +207,9 @@ class SlimPajamaSource:
     def __init__(self, dataset: str, max_documents: int) -> None:
         self.dataset, self.max_documents = dataset, max_documents
         self.node_local = os.path.isdir(dataset)
+
+    def local_bytes(self) -> None:
+        return None  # rows of a stream: not known without reading them
 
     def parts(self) -> list[int]:
         return [0]

@@ -1,5 +1,6 @@
 """Corpus preparation: tokenizer on the train split only, token shards, cache, unigram floor,
-the same bytes in process and on Ray Data with 1 or 4 tasks, SlimPajama's schema offline."""
+the same bytes in process and on Ray Data with 1 or 4 tasks (a small local corpus in process
+even on Ray), SlimPajama's schema offline."""
 
 import json
 import logging
@@ -22,6 +23,7 @@ from workloads.data import (
     split_documents,
 )
 from workloads.data.packing import token_dtype
+from workloads.data.pipeline import IN_PROCESS_BYTES, scan
 from workloads.data.sources import SlimPajamaSource
 from workloads.data.tokenizer import train_tokenizer
 
@@ -94,6 +96,11 @@ def shard_bytes(corpus) -> dict[str, bytes]:
     return {n: (Path(corpus.directory) / n).read_bytes() for n in files}
 
 
+def _pids(batch: dict) -> dict:
+    """The id of the process that ran the batch, once per document."""
+    return {"pid": np.full(len(batch["doc_id"]), os.getpid())}
+
+
 @pytest.mark.slow
 def test_ray_data_with_1_or_4_tasks_writes_the_bytes_written_in_process(tmp_path):
     import ray
@@ -101,12 +108,21 @@ def test_ray_data_with_1_or_4_tasks_writes_the_bytes_written_in_process(tmp_path
     pattern = write_corpus(tmp_path / "c", n_docs=40, words_per_doc=1500)
     cfg = CorpusConfig(source="text_files", paths=pattern, vocab_size=350)
     local = prepare_corpus(cfg, tmp_path / "local", shard_tokens=4096)  # no Ray: in process
+    source = TextFilesSource(pattern)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         one = prepare_corpus(cfg, tmp_path / "one", tasks=1, shard_tokens=4096)
         four = prepare_corpus(cfg, tmp_path / "four", tasks=4, shard_tokens=4096)
+        # Without a task count, a source this small (under IN_PROCESS_BYTES) runs here.
+        auto = prepare_corpus(cfg, tmp_path / "auto", shard_tokens=4096)
+        here = np.concatenate([b["pid"] for b in scan(source, _pids)])
+        on_ray = np.concatenate([b["pid"] for b in scan(source, _pids, tasks=1)])
     finally:
         ray.shutdown()
+    assert 0 < source.local_bytes() <= IN_PROCESS_BYTES
+    assert len(here) == len(on_ray) == 40
+    assert set(here) == {os.getpid()} and os.getpid() not in set(on_ray)
+    assert shard_bytes(auto) == shard_bytes(local)
     assert len(local.shards["train"]) > 5  # several shards, several parts (8 files each)
     expected = shard_bytes(local)
     assert shard_bytes(one) == expected and shard_bytes(four) == expected
