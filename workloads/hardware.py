@@ -10,12 +10,15 @@ the training dtype on this process's threads, measured once per machine and cach
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,23 +36,25 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # precision name: torc
 
 
 def measure_matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = 1024,
-                         repeats: int = 8) -> float:
+                         repeats: int = 8, min_seconds: float = 0.5) -> float:
     """The best FLOP/s of an ``n`` x ``n`` by ``n`` x ``n`` matmul (2 n^3 FLOPs) in ``precision``
-    (``bf16`` or ``fp32``) on ``device``, over ``repeats`` timed runs after one warm-up, with this
-    process's torch threads."""
+    (``bf16`` or ``fp32``) on ``device``, over at least ``repeats`` timed runs and at least
+    ``min_seconds`` of them (clocks ramp up, other work comes and goes) after one warm-up, with
+    this process's torch threads."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(DTYPES[precision])
     b = torch.randn(n, n, device=device).to(DTYPES[precision])
-    best = float("inf")
-    for i in range(repeats + 1):
+    best, runs, began = float("inf"), 0, time.perf_counter()
+    while runs <= repeats or time.perf_counter() - began < min_seconds:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         a @ b
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        if i:  # the first run warms up
+        if runs:  # the first run warms up
             best = min(best, time.perf_counter() - start)
+        runs += 1
     return 2 * n**3 / best
 
 
@@ -91,7 +96,9 @@ def peak_flops(device: torch.device | str, precision: str) -> tuple[float, str]:
     Returns ``(flops_per_s, source)``: ``PEAK_TFLOPS`` for a GPU it names (source ``"table:
     <name>"``), else the measured matmul peak (``measure_matmul_flops``, source ``"measured:
     <device>, <threads> thread(s)"``), cached per device name, thread count, precision and torch
-    version so that a machine measures once.
+    version so that a machine measures once: the processes that ask at once (a trial's ranks)
+    take turns, so the first measures and the others read its number, and every trial on the
+    machine divides by the same peak.
 
     Raises:
         KeyError: ``precision`` is neither ``bf16`` nor ``fp32``.
@@ -106,21 +113,38 @@ def peak_flops(device: torch.device | str, precision: str) -> tuple[float, str]:
     key = f"{name}|{device.type}|threads={threads}|{precision}|torch {torch.__version__}"
     source = f"measured: {name}, {threads} thread(s)"
     path = _cache_path()
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if isinstance(cached, dict) and isinstance(cached.get(key), float):
-        return cached[key], source
-    flops = measure_matmul_flops(precision, device)
-    try:  # a whole file or none: written beside, then renamed over
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
-            json.dump({**(cached if isinstance(cached, dict) else {}), key: flops}, f)
-        os.replace(f.name, path)
-    except OSError:
-        pass  # a read-only home: measured again next time
+    with _exclusive(path.with_suffix(".lock")):  # a trial's ranks start together: one measures
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cached = {}
+        if isinstance(cached, dict) and isinstance(cached.get(key), float):
+            return cached[key], source
+        flops = measure_matmul_flops(precision, device)
+        try:  # a whole file or none: written beside, then renamed over
+            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False) as f:
+                json.dump({**(cached if isinstance(cached, dict) else {}), key: flops}, f)
+            os.replace(f.name, path)
+        except OSError:
+            pass  # a read-only home: measured again next time
     return flops, source
+
+
+@contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock`` (created if missing) for the block, so that the
+    processes of one machine take turns; without a writable directory, no lock."""
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def peak_memory_bytes(device: torch.device | str) -> int:

@@ -1,6 +1,9 @@
 """``workloads.hardware``: the peak FLOP/s MFU divides by, and a process's peak memory."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -42,6 +45,19 @@ def test_the_cpu_peak_is_a_matmul_rate_measured_once_per_machine(tmp_path, monke
     assert hardware.peak_flops("cpu", "fp32") == (123.0, source)
     with pytest.raises(KeyError):
         hardware.peak_flops("cpu", "fp16")
+
+
+def test_processes_that_ask_at_once_share_one_measured_peak(tmp_path):
+    """A trial's ranks ask together: one measures, the others read its number (two independent
+    measurements never agree to the last bit), so every trial divides by the same peak."""
+    code = ("import torch; torch.set_num_threads(1); from workloads import hardware; "
+            "print(repr(hardware.peak_flops('cpu', 'fp32')[0]))")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    peaks = {float(p.communicate(timeout=120)[0]) for p in procs}
+    (cached,) = json.loads((tmp_path / "cemlab" / "peak_flops.json").read_text()).values()
+    assert peaks == {cached}
 
 
 def test_peak_memory_follows_what_the_process_touched():
