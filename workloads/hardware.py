@@ -33,6 +33,8 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # precision name: torch dtype
+# How ``measure_matmul_flops`` measures, part of the cache key: a changed method measures again.
+MEASURE_METHOD = "matmul 1024, best over >= 0.5 s"
 
 
 def measure_matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = 1024,
@@ -95,10 +97,10 @@ def peak_flops(device: torch.device | str, precision: str) -> tuple[float, str]:
 
     Returns ``(flops_per_s, source)``: ``PEAK_TFLOPS`` for a GPU it names (source ``"table:
     <name>"``), else the measured matmul peak (``measure_matmul_flops``, source ``"measured:
-    <device>, <threads> thread(s)"``), cached per device name, thread count, precision and torch
-    version so that a machine measures once: the processes that ask at once (a trial's ranks)
-    take turns, so the first measures and the others read its number, and every trial on the
-    machine divides by the same peak.
+    <device>, <threads> thread(s)"``), cached per device name, thread count, precision, torch
+    version and ``MEASURE_METHOD`` so that a machine measures once: the processes that ask at
+    once (a trial's ranks) take turns, so the first measures and the others read its number,
+    and every trial on the machine divides by the same peak.
 
     Raises:
         KeyError: ``precision`` is neither ``bf16`` nor ``fp32``.
@@ -110,7 +112,8 @@ def peak_flops(device: torch.device | str, precision: str) -> tuple[float, str]:
     if known:
         return known
     threads = torch.get_num_threads()
-    key = f"{name}|{device.type}|threads={threads}|{precision}|torch {torch.__version__}"
+    key = (f"{name}|{device.type}|threads={threads}|{precision}|torch {torch.__version__}"
+           f"|{MEASURE_METHOD}")
     source = f"measured: {name}, {threads} thread(s)"
     path = _cache_path()
     with _exclusive(path.with_suffix(".lock")):  # a trial's ranks start together: one measures
