@@ -17,7 +17,7 @@ from torch import nn
 from workloads.models.config import ModelConfig
 from workloads.models.energy import elementwise_energy, interaction_energy
 from workloads.models.flex import alibi_flex_attention
-from workloads.models.position import alibi_bias, alibi_slopes
+from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask
 from workloads.models.precond import Preconditioner
 
 VELOCITY = "attn_velocity"  # key of the attention velocity in a layer-scope momentum carry
@@ -154,7 +154,8 @@ class CEMAttention(nn.Module):
             return alibi_flex_attention(q, k, v, self.alibi_slopes, self.self_bias,
                                         self.cross_bias, scale), None
         if self.kernel != "explicit" and not need_probs:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), None
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask(bias),
+                                                  scale=scale), None
         p = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
         return p @ v, p
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.models.config import ModelConfig
-from workloads.models.position import alibi_bias, alibi_slopes, apply_rope, rope_cos_sin
+from workloads.models.position import alibi_bias, alibi_slopes, apply_rope, rope_cos_sin, sdpa_mask
 
 
 class LlamaAttention(nn.Module):
@@ -52,7 +52,7 @@ class LlamaAttention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, K, T, Dh)
         else:
             bias = alibi_bias(self.alibi_slopes, t, self.self_bias, self.cross_bias).to(h.dtype)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask(bias))
         return h + self.o_proj(o.transpose(1, 2).reshape(b, t, d))
 
     def forward(self, h: torch.Tensor, carry: dict | None = None) -> torch.Tensor:

@@ -41,6 +41,15 @@ def alibi_bias(slopes: torch.Tensor, seq_len: int, self_bias: torch.Tensor,
     return bias.masked_fill(dist < 0, float("-inf"))
 
 
+def sdpa_mask(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` (K, T, T), or (B, K, T, T), as the 4-D float mask of
+    ``F.scaled_dot_product_attention``: torch's fused CPU kernel takes a 2-D or a 4-D mask only
+    and runs the math kernel for a 3-D one (8x slower at ``micro`` without gradients). With a
+    mask that needs a gradient (training the self/cross bias) the CPU runs the math kernel
+    anyway."""
+    return bias[None] if bias.dim() == 3 else bias
+
+
 def rope_cos_sin(seq_len: int, d_head: int, theta: float, device: torch.device | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables ``cos, sin`` of shape (T, d_head), in the half-split (Llama/HF) layout."""

@@ -22,6 +22,7 @@ from workloads.models.energy import (
     silu_integral,
 )
 from workloads.models.llama import LlamaAttention, LlamaMLP
+from workloads.models.position import alibi_bias
 from workloads.models.precond import Preconditioner
 
 SHAPES = [(2, 1, 5), (4, 2, 6), (3, 3, 4), (6, 1, 3)]  # (n_head, batch, seq_len); d_head = 4
@@ -223,6 +224,33 @@ def test_fused_paths_equal_the_explicit_path(kernel, diag, exact, dtype, monkeyp
         tol = ({} if dtype == torch.float64
                else {"rtol": 1e-5, "atol": 1e-5 * b.abs().max().item()})
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("attention", ["cem", "llama"])
+def test_without_gradients_the_alibi_bias_takes_the_fused_cpu_kernel(attention, monkeypatch):
+    """Evaluation: the (K, T, T) ALiBi + self/cross bias reaches SDPA as a 4-D mask, which
+    torch's CPU flash kernel takes (given a 3-D one, torch ran the math kernel: CEM attention's
+    evaluation took 2x Llama's at ``micro``), and the result equals scores-softmax-sum in fp32."""
+    cls = CEMAttention if attention == "cem" else LlamaAttention
+    layer = make(cls, seed=5, attention=attention, position="alibi", n_head=2).float()
+    h = torch.randn(2, 7, 8)  # d_model 8: make's 4 per head
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        fused = layer(h)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, sorted(ops)
+    assert "aten::_softmax" not in ops  # the math kernel's softmax
+    with torch.no_grad():
+        bias = alibi_bias(layer.alibi_slopes, 7, layer.self_bias, layer.cross_bias)
+        if attention == "cem":
+            monkeypatch.setattr(CEMAttention, "kernel", "explicit")
+            reference = layer(h)
+        else:  # Llama's attention written out: scores, softmax, weighted sum, o_proj
+            x = layer.norm(h)
+            q, k, v = (layer._heads(p(x)) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
+            p = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(layer.d_head) + bias, dim=-1)
+            reference = h + layer.o_proj((p @ v).transpose(1, 2).reshape(h.shape))
+    torch.testing.assert_close(fused, reference, rtol=1e-5,
+                               atol=1e-5 * reference.abs().max().item())
 
 
 def test_flexattention_is_taken_only_where_it_can_train(monkeypatch):
