@@ -141,6 +141,8 @@ def _exclusive(lock: Path) -> Iterator[None]:
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
+        fd = None
+    if fd is None:
         yield
         return
     try:
