@@ -33,12 +33,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # precision name: torch dtype
-# How ``measure_matmul_flops`` measures, part of the cache key: a changed method measures again.
-MEASURE_METHOD = "matmul 1024, best over >= 0.5 s"
+MATMUL_N, MIN_SECONDS = 1024, 0.5  # how ``peak_flops`` measures a device
+# Part of the peak cache's key: a changed way of measuring measures again.
+MEASURE_METHOD = f"matmul {MATMUL_N}, best over >= {MIN_SECONDS} s"
 
 
-def measure_matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = 1024,
-                         repeats: int = 8, min_seconds: float = 0.5) -> float:
+def measure_matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = MATMUL_N,
+                         repeats: int = 8, min_seconds: float = MIN_SECONDS) -> float:
     """The best FLOP/s of an ``n`` x ``n`` by ``n`` x ``n`` matmul (2 n^3 FLOPs) in ``precision``
     (``bf16`` or ``fp32``) on ``device``, over at least ``repeats`` timed runs and at least
     ``min_seconds`` of them (clocks ramp up, other work comes and goes) after one warm-up, with
