@@ -34,9 +34,10 @@ stop() {  # name [leader]: SIGTERM the process group (with "leader": its leader 
   rm -f "$pidfile"
 }
 
-# `ray start --block` drains its node on SIGTERM, then stops its own processes: a SIGTERM to the
-# whole group killed the GCS under that drain, which then waited out its 30 s. The MLflow
-# server's leader takes longer to stop alone (7 s) than with its workers (2 s).
+# `ray start --block` stops its own processes on SIGTERM (up.sh turns its drain off); a SIGTERM
+# to the whole group left it, the GCS and the autoscaler monitor waiting on one another until
+# the SIGKILL 20 s later. The MLflow server's leader takes longer to stop alone (7 s) than with
+# its workers (2 s).
 stop ray leader
 stop mlflow
 rm -f "$STATE/services.env"

@@ -211,7 +211,9 @@ echo "starting MLflow tracking server on $MLFLOW_URI (store: ${BACKEND_URI%%://*
 echo $! > "$RUN/mlflow.pid"
 
 echo "starting Ray head on $BIND:$RAY_PORT (dashboard http://$BIND:$DASH_PORT, token auth)"
-${GLOO_IFACE:+env GLOO_SOCKET_IFNAME=$GLOO_IFACE} \
+# No drain on SIGTERM (down.sh): it waits for Serve-style traffic we do not have, and a node that
+# has run a job (its detached actors live on) waited out the whole 30 s.
+RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 ${GLOO_IFACE:+env GLOO_SOCKET_IFNAME=$GLOO_IFACE} \
 setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
   --node-ip-address="$BIND" --port="$RAY_PORT" \
   --dashboard-host="$BIND" --dashboard-port="$DASH_PORT" \
