@@ -213,7 +213,17 @@ class RaySession(Session):
                                "sent (kept in the last checkpoint)")
 
     def log_model(self, model: DecoderLM, tokenizer_json: str) -> None:
+        """Upload the model once the tracking server answers: ``close`` first sends the pending
+        points, probing the server every few seconds for up to ``FINAL_FLUSH_S``, so that an
+        outage is waited out there and not inside MLflow's own retries, whose exponential
+        backoff (64 s between the last tries) kept a finished trial a minute past the
+        server's return.
+
+        Raises:
+            RuntimeError: the tracking server stayed unreachable (``close``).
+        """
         if self.job.run_id:
+            self.close()
             log_model_package(model, tokenizer_json, self.job.tracking_uri, self.job.run_id)
 
 

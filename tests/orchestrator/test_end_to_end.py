@@ -375,7 +375,7 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     home, env = services
     spec = {**SPEC, "name": "bf16-reference", "variants": {"llama": {}},
             "learning_rates": [0.004],
-            "training": {**SPEC["training"], "tokens": 400 * 16 * 64, "eval_interval": 50,
+            "training": {**SPEC["training"], "tokens": 200 * 16 * 64, "eval_interval": 25,
                          "eval_sequences": 8, "energy_diagnostics": False,
                          "precision": "bf16"}}
     reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
@@ -396,13 +396,13 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
                if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
     assert len(workers) == 2, workers
     workers[1].kill()  # SIGKILL one training process; the driver and the other rank live on
-    assert checkpointed_step(ledger, "bf16-killed", rank=1) < 400, (
+    assert checkpointed_step(ledger, "bf16-killed", rank=1) < 200, (
         "the trial had finished before the kill: nothing was tested")
     output = job.communicate(timeout=600)[0]
     assert job.returncode == 0, output[-3000:]
     # In the same submission, from the last checkpoint Ray Train had committed (all ranks).
     resumed = re.search(r"resumed from step (\d+) ", output)
-    assert resumed and int(resumed.group(1)) in range(50, 400, 50), output[-3000:]
+    assert resumed and int(resumed.group(1)) in range(25, 200, 25), output[-3000:]
     (killed,) = ledger.trials(ledger.experiment("bf16-killed").id)
     (uninterrupted,) = ledger.trials(ledger.experiment("bf16-reference").id)
     assert killed.trial_hash == uninterrupted.trial_hash and killed.status == Status.FINISHED
@@ -414,12 +414,13 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     for key in ("loss", "lr", "tokens_seen"):  # every step once in the one run
         steps = sorted(x.step for x in client.get_metric_history(killed.mlflow_run_id, key))
-        assert steps == list(range(1, 401)), key
+        assert steps == list(range(1, 201)), key
 
 
 def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tmp_path):
     home, env = services
-    spec = {**SPEC, "name": "twice", "variants": {"llama": {}}, "seeds": [0, 1],
+    spec = {**SPEC, "name": "twice", "variants": {"llama": {}}, "learning_rates": [0.004],
+            "seeds": [0, 1],
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "resources": {"num_workers": 1, "cpus_per_worker": 1}}
     spec_path = write_spec(tmp_path, spec)
@@ -433,7 +434,7 @@ def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tm
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
     rows = ledger.trials(ledger.experiment("twice").id)
     ids = {r.trial_hash for r in rows}
-    assert len(ids) == 4 and all(r.status == Status.FINISHED for r in rows)
+    assert len(ids) == 2 and all(r.status == Status.FINISHED for r in rows)
     assert all(r.lease_owner is None for r in rows)  # settled trials hold no lease
     claimed = [set(re.findall(r"\((\w{12})\): claimed by", o)) for o in outputs]
     assert claimed[0] | claimed[1] == ids and not claimed[0] & claimed[1]  # each by one
@@ -446,7 +447,7 @@ def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tm
     exp = client.get_experiment_by_name("twice")
     runs = client.search_runs([exp.experiment_id])
     trial_runs = [r for r in runs if r.data.tags.get("cemlab.role") == "trial"]
-    assert len(runs) == 5 and sorted(r.info.run_id for r in trial_runs) == sorted(
+    assert len(runs) == 3 and sorted(r.info.run_id for r in trial_runs) == sorted(
         r.mlflow_run_id for r in rows)  # one parent run, one run per trial
     for run in trial_runs:  # each trained once: every step logged exactly once
         steps = sorted(x.step for x in client.get_metric_history(run.info.run_id, "loss"))
@@ -496,6 +497,10 @@ def test_a_60_s_tracking_outage_inside_a_trial_loses_no_metric_point(services, t
     assert job.returncode == 0, output[-3000:]
     assert during > at_stop, (at_stop, during)  # training went on while the server was down
     assert "tracking server unavailable" in output  # the sink kept the points, and said so
+    # Nothing went into the outage through MLflow's own retries (urllib3's exponential backoff,
+    # which kept the finished trial waiting a minute past the server's return): the model's
+    # upload waited for the server's /health like the points did.
+    assert "Retrying (Retry(" not in output, output[-3000:]
     (row,) = ledger.trials(ledger.experiment("outage").id)
     assert row.status == Status.FINISHED
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
