@@ -2,14 +2,17 @@
 
     python -m workloads.bench --preset micro [--batch 8] [--seconds 6] [--rounds 3]
                               [--precision fp32] [--cem-kernel auto] [--compile]
-                              [--json-out FILE]
+                              [--variants "llama,cem-best T=2"] [--json-out FILE]
 
-On the GPU when there is one, else the CPU, with the model cast to ``--precision`` (``auto``:
-bf16 where supported, as the trials train). Prints a table (tokens/s, step time relative to
-Llama, achieved GFLOP/s from the analytic ``flops_per_token``, MFU over
-``workloads.hardware.peak_flops``, peak memory: the allocator's per variant on a GPU, the
-process's high-water mark so far on a CPU, the first step's seconds: the compile with
-``--compile``, which runs every variant's model through ``torch.compile``) and the same rows as
+Every variant takes the preset's sizes (vocabulary, d_model, layers, heads, d_mlp, context), so
+``--preset cem-134m`` and ``--preset llama-134m`` give the same table, whose ``cem-best T=2`` row
+is ``cem-134m``; ``--variants`` measures a subset. On the GPU when there is one, else the CPU,
+with the model cast to ``--precision`` (``auto``: bf16 where supported, as the trials train).
+Prints a table (tokens/s, step time relative to Llama, achieved GFLOP/s from the analytic
+``flops_per_token``, MFU over ``workloads.hardware.peak_flops``, peak memory: the allocator's
+per variant on a GPU, the process's high-water mark so far on a CPU, the first step's seconds:
+the compile with ``--compile``, which runs every variant's model through ``torch.compile``) and
+the same rows as
 JSON. Targets on CPU: CEM attention at T = 1 no slower than 0.9x Llama's step time, the full
 ``cem-*`` configuration (T = 2) no slower than 1.5x.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -38,6 +42,26 @@ VARIANTS: dict[str, dict] = {
     "cem T=1": {"attention": "cem", "mlp": "cem"},
     "cem-best T=2": CEM_BEST,
 }
+
+
+SIZES = ("vocab_size", "d_model", "n_layer", "n_head", "d_mlp", "context_length")
+
+
+def variant_configs(preset: str, names: list[str] | None = None) -> dict[str, ModelConfig]:
+    """``{variant: config}`` for ``names`` (default: all of ``VARIANTS``, in its order): each
+    variant's fields over the defaults, at the preset's sizes only, so a preset's own
+    architecture fields (a ``cem-*`` preset's) do not leak into the Llama row.
+
+    Raises:
+        KeyError: on an unknown preset or variant name.
+    """
+    unknown = set(names or ()) - set(VARIANTS)
+    if unknown:
+        raise KeyError(f"unknown variant(s) {sorted(unknown)}; known: {list(VARIANTS)}")
+    base = ModelConfig.from_preset(preset)
+    sizes = {field: getattr(base, field) for field in SIZES}
+    return {name: ModelConfig(**sizes, **overrides) for name, overrides in VARIANTS.items()
+            if names is None or name in names}
 
 
 def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
@@ -72,35 +96,40 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
 
 
 def run(preset: str, batch: int, seconds: float, device: torch.device, precision: str,
-        rounds: int = 3, compiled: bool = False) -> list[dict]:
-    """One row per variant: the median step time over ``rounds`` rounds that visit every
-    variant in turn (``seconds`` per variant in all), so that a machine's drift does not
-    favour the variant measured first; ``first_step_s``, the longest first step of a round
-    (with ``compiled``, the compile: every variant is compiled alike)."""
+        rounds: int = 3, compiled: bool = False, variants: list[str] | None = None
+        ) -> list[dict]:
+    """One row per variant (``variants``: a subset of ``VARIANTS``' names; default all): the
+    median step time over ``rounds`` rounds that visit every variant in turn (``seconds`` per
+    variant in all), so that a machine's drift does not favour the variant measured first;
+    ``first_step_s``, the longest first step of a round (with ``compiled``, the compile: every
+    variant is compiled alike); ``step_time_vs_llama`` is None where Llama was not measured."""
     peak = peak_flops(device, precision)[0]
-    configs = {name: ModelConfig.from_preset(preset, **o) for name, o in VARIANTS.items()}
+    configs = variant_configs(preset, variants)
     times: dict[str, list[float]] = {name: [] for name in configs}
     memory = dict.fromkeys(configs, 0.0)
     first = dict.fromkeys(configs, 0.0)
-    for _ in range(rounds):
+    for r in range(rounds):
         for name, cfg in configs.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             first_s, step_s = measure(cfg, batch, seconds / rounds, device, precision,
                                      compiled)
+            print(f"[bench] round {r + 1}/{rounds} {name}: first step {first_s:.1f} s, "
+                  f"{len(step_s)} steps, median {1000 * sorted(step_s)[len(step_s) // 2]:.1f} "
+                  "ms", file=sys.stderr, flush=True)  # a run cut short still shows its steps
             times[name] += step_s
             first[name] = max(first[name], first_s)
             memory[name] = max(memory[name], peak_memory_bytes(device) / 2**20)
-    rows, llama_time = [], None
+    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    rows = []
     for name, cfg in configs.items():
-        t = sorted(times[name])[len(times[name]) // 2]
-        tokens = batch * cfg.context_length
-        llama_time = llama_time or t
+        t, tokens = median[name], batch * cfg.context_length
         flops = flops_per_token(cfg, cfg.context_length) * tokens / t
         rows.append({"variant": name, "params": count_parameters(build_model(cfg))["total"],
                      "step_ms": 1000 * t, "tokens_per_s": tokens / t,
-                     "step_time_vs_llama": t / llama_time, "gflops_per_s": flops / 1e9,
-                     "mfu": flops / peak, "peak_memory_mib": memory[name],
+                     "step_time_vs_llama": t / median["llama"] if "llama" in median else None,
+                     "gflops_per_s": flops / 1e9, "mfu": flops / peak,
+                     "peak_memory_mib": memory[name],
                      "first_step_s": first[name]})
     return rows
 
@@ -120,13 +149,20 @@ def main(argv: list[str] | None = None) -> None:
                         "rounded to bf16; flex needs a GPU to train)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every variant's "
                         "model (all alike); first_step_s is then the compile")
+    parser.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",")],
+                        help="comma-separated subset of: " + ", ".join(VARIANTS)
+                        + " (default: all)")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    try:
+        variant_configs(args.preset, args.variants)
+    except KeyError as e:
+        parser.error(str(e.args[0]))
     CEMAttention.kernel = args.cem_kernel
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(args.precision)
     rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds,
-               args.compile)
+               args.compile, args.variants)
     cfg = ModelConfig.from_preset(args.preset)
     compiled = ", torch.compile" if args.compile else ""
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from workloads import bench, hardware
+from workloads.models import ModelConfig
 
 
 def test_the_bench_reports_mfu_against_the_measured_peak(tmp_path, monkeypatch):
@@ -16,6 +17,27 @@ def test_the_bench_reports_mfu_against_the_measured_peak(tmp_path, monkeypatch):
         assert row["tokens_per_s"] == pytest.approx(2 * 64 / (row["step_ms"] / 1000))
         assert row["mfu"] == pytest.approx(row["gflops_per_s"] * 1e9 / peak)
         assert 0 < row["mfu"] < 1 and row["peak_memory_mib"] > 100
+
+
+def test_every_variant_takes_only_the_presets_sizes():
+    """``--preset cem-134m`` benches the same variants as ``llama-134m``: its Llama row is
+    Llama, and its ``cem-best T=2`` row is the ``cem-134m`` preset itself."""
+    for preset in ("llama-134m", "cem-134m"):
+        configs = bench.variant_configs(preset)
+        assert configs["llama"] == ModelConfig.from_preset("llama-134m")
+        assert configs["cem-best T=2"] == ModelConfig.from_preset("cem-134m")
+        assert configs["cem-attn T=1"].mlp == "llama"
+    assert list(bench.variant_configs("nano", ["cem T=1", "llama"])) == ["llama", "cem T=1"]
+    with pytest.raises(KeyError, match="lama"):
+        bench.variant_configs("nano", ["lama"])
+
+
+def test_a_subset_without_llama_has_no_ratio(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rows = bench.run("nano", 2, 0.01, torch.device("cpu"), "fp32", rounds=1,
+                     variants=["cem T=1"])
+    assert [r["variant"] for r in rows] == ["cem T=1"]
+    assert rows[0]["step_time_vs_llama"] is None and rows[0]["tokens_per_s"] > 0
 
 
 @pytest.mark.slow
