@@ -59,14 +59,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--preset", choices=sorted(PRESETS), help="a model preset (Llama unless "
-                      "--attention/--mlp say cem)")
+    what.add_argument("--preset", choices=sorted(PRESETS), help="a model preset (llama-* and "
+                      "the CPU sizes are Llama, cem-* the paper's best CEM; --attention/--mlp "
+                      "override)")
     what.add_argument("--spec", help="an experiment spec; pick the trial with --trial")
     parser.add_argument("--trial", help="with --spec: the plan's row number or a trial id")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the trial's "
                         "budget with --spec, 100 with --preset)")
-    parser.add_argument("--attention", choices=["llama", "cem"], default="llama")
-    parser.add_argument("--mlp", choices=["llama", "cem"], default="llama")
+    parser.add_argument("--attention", choices=["llama", "cem"],
+                        help="the sublayer kind (default: the preset's)")
+    parser.add_argument("--mlp", choices=["llama", "cem"], help="(default: the preset's)")
     parser.add_argument("--lr", type=float, default=0.002, help="peak learning rate (--preset)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per step")
@@ -78,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def preset_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
+    """``args.preset`` at ``vocab_size`` (the prepared corpus's), its sublayer kinds replaced
+    only where ``--attention``/``--mlp`` name one: ``--preset cem-134m`` is the paper's best
+    CEM configuration, not Llama with its recursion and preconditioner fields."""
+    kinds = {k: v for k, v in (("attention", args.attention), ("mlp", args.mlp)) if v}
+    return ModelConfig.from_preset(args.preset, vocab_size=vocab_size, **kinds)
+
+
 def preset_trial(args: argparse.Namespace, data_dir: str) -> Job:
     """A language-model trial of ``args.preset`` on Shakespeare (or ``args.corpus``), with the
     preset's vocabulary, ``args.steps`` steps of ``args.batch_size`` sequences."""
@@ -87,15 +97,14 @@ def preset_trial(args: argparse.Namespace, data_dir: str) -> Job:
                           **({"source": "text_files", "paths": args.corpus} if args.corpus
                              else {}))
     prepared = workload.prepare(corpus, data_dir)
-    model = ModelConfig.from_preset(args.preset, attention=args.attention, mlp=args.mlp,
-                                    vocab_size=prepared.data.vocab_size)
+    model = preset_config(args, prepared.data.vocab_size)
     steps = args.steps or 100
     training = TrainingConfig(tokens=steps * args.batch_size * model.context_length,
                               batch_size=args.batch_size, micro_batch_size=args.batch_size,
                               eval_interval=max(steps // 4, 1), eval_sequences=64,
                               precision=args.precision)
     trial = Trial(trial_id="local", workload=workload.name, dataset=corpus.source,
-                  variant=f"{args.attention}-{args.mlp}", size=args.preset, lr=args.lr,
+                  variant=f"{model.attention}-{model.mlp}", size=args.preset, lr=args.lr,
                   seed=args.seed, model=model, config=corpus, training=training,
                   resources=ResourcesConfig(num_workers=1),
                   budget=workload.budget(corpus, training, args.preset, model),

@@ -21,6 +21,21 @@ def train(*args: str, home: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def test_a_cem_preset_trains_cem_unless_a_flag_says_otherwise():
+    """``--preset cem-134m`` is the preset itself (the paper's best CEM: CEM sublayers, T = 2,
+    shared diagonal, preconditioners); ``--attention``/``--mlp`` replace only the kinds."""
+    from workloads.models import ModelConfig
+    from workloads.train import _parser, preset_config
+
+    def config(*flags: str) -> ModelConfig:
+        return preset_config(_parser().parse_args(["--preset", *flags]), 1000)
+
+    assert config("cem-134m") == ModelConfig.from_preset("cem-134m", vocab_size=1000)
+    assert config("nano").attention == "llama" and config("nano").mlp == "llama"
+    mixed = config("cem-134m", "--mlp", "llama")
+    assert (mixed.attention, mixed.mlp, mixed.attn_steps) == ("cem", "llama", 2)
+
+
 def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, tmp_path,
                                                                     monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
