@@ -117,10 +117,14 @@ class CEMAttention(nn.Module):
     def uses_flex(self, h: torch.Tensor) -> bool:
         """Whether the plain steps on ``h`` take the FlexAttention kernel (``kernel``): ``auto``
         takes it to train on a GPU; without gradients (evaluation, generation, whose lengths
-        vary and would each compile a kernel) SDPA's fused GPU kernels need no bias gradient."""
+        vary and would each compile a kernel) SDPA's fused GPU kernels need no bias gradient.
+        ``auto`` also leaves to SDPA the layers whose q, k or v would carry the diagonal as
+        d_model extra columns (a per-head diagonal, or ``energy_exact``'s value path): their
+        rows overflow the kernel's shared memory on a GPU at paper sizes (``models.flex``)."""
         if self.cfg.update == "newton":
             return False
-        return self.kernel == "flex" or (self.kernel == "auto" and h.is_cuda
+        wide = self.kq_diag is not None and (self.kq_diag.dim() == 2 or self.cfg.energy_exact)
+        return self.kernel == "flex" or (self.kernel == "auto" and h.is_cuda and not wide
                                          and torch.is_grad_enabled())
 
     def attention_probs(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -137,22 +141,22 @@ class CEMAttention(nn.Module):
         None: the FlexAttention kernel, which computes the bias itself (no p)."""
         q = self._heads(self.q_proj(u))
         scale = 1 / math.sqrt(self.d_head)
-        v = k
+        v, shared_scores = k, None
         if self.kq_diag is not None:
             b, t, d = u.shape
             hn = h_norm[:, None].expand(b, self.n_head, t, d)  # (B, K, T, D)
-            if self.kq_diag.dim() == 1 and bias is not None:
-                # shared: h~_jᵀ D u_i is one (B, T, T) term for all heads
-                diag_scores = (u * self.kq_diag) @ h_norm.transpose(-1, -2) * scale
-                bias = bias + diag_scores[:, None]
-            else:  # per head, or any diagonal in FlexAttention: [q, D_k u] . [k, h~]
+            if self.kq_diag.dim() == 1:  # shared: h~_jᵀ D u_i is one (B, T, T) term
+                shared_scores = (u * self.kq_diag) @ h_norm.transpose(-1, -2) * scale
+                if bias is not None:
+                    bias = bias + shared_scores[:, None]
+            else:  # per head: [q, D_k u] . [k, h~]
                 q = torch.cat([q, u[:, None] * self._diag()[None, :, None, :]], dim=-1)
                 k = torch.cat([k, hn], dim=-1)
             if self.cfg.energy_exact:
                 v = torch.cat([v, hn], dim=-1)
         if bias is None:
             return alibi_flex_attention(q, k, v, self.alibi_slopes, self.self_bias,
-                                        self.cross_bias, scale), None
+                                        self.cross_bias, scale, shared_scores), None
         if self.kernel != "explicit" and not need_probs:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask(bias),
                                                   scale=scale), None

@@ -285,6 +285,9 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
     bf16 = _outputs_and_gradients(layer.bfloat16(), h.bfloat16(), "auto", monkeypatch)
     assert all(torch.isfinite(t).all() for t in bf16)
+    for wide in ({"kq_diag": "per_head"}, {"kq_diag": "shared", "energy_exact": True}):
+        # d_model extra columns in q, k or v: SDPA (they overflow the kernel's shared memory)
+        assert not make(CEMAttention, seed=5, attention="cem", **wide).cuda().uses_flex(h)
 
 
 @pytest.mark.parametrize("diag", ["none", "shared"])
