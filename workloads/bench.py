@@ -12,9 +12,8 @@ Prints a table (tokens/s, step time relative to Llama, achieved GFLOP/s from the
 ``flops_per_token``, MFU over ``workloads.hardware.peak_flops``, peak memory: the allocator's
 per variant on a GPU, the process's high-water mark so far on a CPU, the first step's seconds:
 the compile with ``--compile``, which runs every variant's model through ``torch.compile``) and
-the same rows as
-JSON. Targets on CPU: CEM attention at T = 1 no slower than 0.9x Llama's step time, the full
-``cem-*`` configuration (T = 2) no slower than 1.5x.
+the same rows as JSON. Targets on CPU: CEM attention at T = 1 no slower than 0.9x Llama's step
+time, the full ``cem-*`` configuration (T = 2) no slower than 1.5x.
 """
 
 from __future__ import annotations
