@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
-from workloads.config import TrainingConfig
+if TYPE_CHECKING:  # annotations only: the bench imports this module with torch alone
+    from workloads.config import TrainingConfig
 
 
 def lr_factor(step: int, total_steps: int, warmup_fraction: float,

@@ -35,3 +35,11 @@ def test_no_workloads_module_pulls_in_ray_deepspeed_mlflow_or_the_orchestrator()
     assert imported(rest, {"ray", "deepspeed", "mlflow", "orchestrator"}) == ""
     assert imported(serving, {"ray", "deepspeed", "mlflow", "orchestrator"}) == "mlflow"
     assert imported(serving, {"ray", "deepspeed", "orchestrator"}) == ""
+
+
+def test_the_models_and_the_bench_need_torch_and_tabulate_alone():
+    """``python -m workloads.bench`` runs on a GPU machine whose image has torch but none of
+    the trial stack (an H200 image here had no pydantic): no spec, data or tracking package."""
+    stack = {"pydantic", "pydantic_settings", "tokenizers", "pyarrow", "yaml", "sqlalchemy",
+             "pandas", "scipy", "ray", "deepspeed", "mlflow", "orchestrator"}
+    assert imported(["workloads.models", "workloads.bench"], stack) == ""
