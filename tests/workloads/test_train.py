@@ -22,19 +22,25 @@ def train(*args: str, home: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def train_here(*args: str, home: Path, monkeypatch, capsys, caplog) -> tuple[str, str]:
-    """``python -m workloads.train ARGS`` in this process (3 s less than a new interpreter):
-    its stdout and its log. Raises SystemExit as the command exits."""
+@pytest.fixture
+def train_here(tmp_path, monkeypatch, capsys, caplog):
+    """``python -m workloads.train ARGS`` in this process (3 s less than a new interpreter),
+    with ``CEMLAB_HOME`` in ``tmp_path``: returns its stdout and its log. Raises SystemExit as
+    the command exits."""
     from workloads.train import main
 
-    monkeypatch.setenv("CEMLAB_HOME", str(home))
+    monkeypatch.setenv("CEMLAB_HOME", str(tmp_path))
     for name in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)
     caplog.set_level(logging.INFO, logger="cemlab")
-    capsys.readouterr()
-    caplog.clear()
-    assert main(list(args)) == 0
-    return capsys.readouterr().out, caplog.text
+
+    def run(*args: str) -> tuple[str, str]:
+        capsys.readouterr()
+        caplog.clear()
+        assert main(list(args)) == 0
+        return capsys.readouterr().out, caplog.text
+
+    return run
 
 
 def test_a_cem_preset_trains_cem_unless_a_flag_says_otherwise():
@@ -81,25 +87,22 @@ def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, 
     assert final["peak_memory_mib"] > 100  # the interpreter with torch loaded, at least
 
 
-def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path, monkeypatch,
-                                                                     capsys, caplog):
+def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path, train_here):
     spec = {"name": "gp-one", "workload": "gp_regression",
             "gp": {"kernels": ["rbf"], "n_train": 256, "n_val": 32, "n_test": 64, "steps": 40},
             "sizes": ["gp-small"], "variants": {"t1": {"mlp_steps": 1}, "t2": {"mlp_steps": 2}},
             "learning_rates": [0.004], "training": {"batch_size": 32, "log_interval": 20}}
     path = tmp_path / "gp.yaml"
     path.write_text(yaml.safe_dump(spec))
-    here = {"home": tmp_path, "monkeypatch": monkeypatch, "capsys": capsys, "caplog": caplog}
-    out, logged = train_here("--spec", str(path), "--trial", "1", **here)
+    out, logged = train_here("--spec", str(path), "--trial", "1")
     assert "t2@gp-small lr=0.004 seed=0" in out and "test_rmse" in out
     assert "[gp] step 40/40" in logged
     with pytest.raises(SystemExit) as bad:  # python prints the message and exits 1
-        train_here("--spec", str(path), "--trial", "7", **here)
+        train_here("--spec", str(path), "--trial", "7")
     assert bad.value.code == f"error: --trial '7': not a row (0..1) or trial id of {path}"
 
 
-def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_path, monkeypatch,
-                                                            capsys, caplog):
+def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_path, train_here):
     """``run`` ids cover the prepared corpus's content, ``plan``'s (no data yet) do not: both
     pick the same trial."""
     from orchestrator.plan import plan
@@ -121,13 +124,12 @@ def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_pat
                        for trials in (plan(loaded, prepared.data), plan(loaded)))
     assert run_id != plan_id  # the corpus content is part of a run's identity
     for trial in (run_id, plan_id):
-        out, _ = train_here("--spec", str(path), "--trial", trial, home=tmp_path,
-                            monkeypatch=monkeypatch, capsys=capsys, caplog=caplog)
+        out, _ = train_here("--spec", str(path), "--trial", trial)
         assert "cem@nano lr=0.004 seed=0" in out
 
 
 def test_a_multi_worker_spec_trial_takes_its_whole_batch_per_step_in_process(
-        corpus_glob, tmp_path, monkeypatch, capsys, caplog):
+        corpus_glob, tmp_path, train_here):
     """The plan gives each of 2 workers 4 of the 8 sequences per step; the one in-process
     worker takes all 8 (4 per micro-batch, 2 accumulated): the same steps, loss for loss, as the
     spec planned for 1 worker."""
@@ -143,8 +145,7 @@ def test_a_multi_worker_spec_trial_takes_its_whole_batch_per_step_in_process(
         path, metrics = tmp_path / f"lm-{workers}.yaml", tmp_path / f"m-{workers}.json"
         path.write_text(yaml.safe_dump(spec))
         out, _ = train_here("--spec", str(path), "--trial", "0", "--metrics-json",
-                            str(metrics), home=tmp_path, monkeypatch=monkeypatch,
-                            capsys=capsys, caplog=caplog)
+                            str(metrics))
         assert "(4 per micro-batch x 2 accumulated per step)" in out
         histories[workers] = json.loads(metrics.read_text())["history"]["loss"]
     assert sorted(map(int, histories[2])) == list(range(1, 7))
