@@ -9,13 +9,14 @@ VARCHAR(16) column).
 
 Leases
 ------
-A submission trains a trial only while it holds the trial's lease (``acquire``): its owner id,
-the time of its last heartbeat and an expiry, taken under a row lock (``SELECT ... FOR UPDATE
-SKIP LOCKED`` on PostgreSQL, so that a second claimer never waits on the first; the database's
-single write lock, ``BEGIN IMMEDIATE``, on SQLite). A holder renews its leases while it runs
-(``renew``); a finished or failed trial's lease is released with its status; the lease of an
-owner that died is taken over once it has expired. Expiry is compared with the claimer's clock
-(UTC): hosts must agree to well within a lease (seconds, against the default 120 s).
+A submission trains a trial only while it holds the trial's lease (``acquire``): its owner id, the
+time of its last heartbeat and an expiry, taken under a row lock (``SELECT ... FOR UPDATE SKIP
+LOCKED`` on PostgreSQL, so that a second claimer never waits on the first; the database's single
+write lock, ``BEGIN IMMEDIATE``, on SQLite). A holder renews its leases while it runs (``renew``); a
+finished or failed trial's lease is released with its status, which only the holder records
+(``update_trial(..., owner=...)``); the lease of an owner that died is taken over once it has
+expired. Expiry is compared with the claimer's clock (UTC): hosts must agree to well within a lease
+(seconds, against the default 120 s).
 
 Database outages
 ----------------
@@ -77,8 +78,10 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    and_,
     create_engine,
     inspect,
+    or_,
     select,
     text,
     update,
@@ -453,13 +456,25 @@ class Ledger:
             return row
 
     @retrying
-    def update_trial(self, row_id: int, **fields) -> TrialRow:
+    def update_trial(self, row_id: int, *, owner: str | None = None,
+                     **fields) -> TrialRow | None:
         """Set ``fields`` of trial row ``row_id``; ``status`` (a ``Status`` or its value)
-        stamps started/finished times.
+        stamps started/finished times, and FINISHED or FAILED releases the lease.
+
+        With ``owner``, only while ``owner`` holds the trial's lease: a trial driver whose
+        lease another submission took over (after a heartbeat-less lapse) changes nothing,
+        so it can neither settle nor release the new holder's trial. Held means the lease
+        names ``owner``, expired or not, since no one else has taken it; or, for a retried
+        settle whose commit went through, the row is settled with that status and released.
+
+        Returns:
+            The row as written, or None when ``owner`` does not hold the lease (or no row
+            ``row_id`` exists).
 
         Raises:
             ValueError: an unknown status.
         """
+        status = None
         if fields.get("status") is not None:
             try:
                 fields["status"] = status = Status(fields["status"])
@@ -472,11 +487,16 @@ class Ledger:
             elif status in (Status.FINISHED, Status.FAILED):  # settled: nobody holds it now
                 fields.setdefault("finished_at", utc_now())
                 fields.update(lease_owner=None, heartbeat_at=None, lease_expires_at=None)
+        where = [TrialRow.id == row_id]
+        if owner is not None:
+            held = TrialRow.lease_owner == owner
+            if status in (Status.FINISHED, Status.FAILED):  # a settle, perhaps retried
+                held = or_(held, and_(TrialRow.lease_owner.is_(None), TrialRow.status == status))
+            where.append(held)
         with self.session() as s:
-            row = s.get(TrialRow, row_id)
-            for k, v in fields.items():
-                setattr(row, k, v)
-            return row
+            if not s.execute(update(TrialRow).where(*where).values(**fields)).rowcount:
+                return None
+            return s.get(TrialRow, row_id)
 
     @retrying
     def acquire(self, row_id: int, owner: str, lease_s: float) -> Lease:

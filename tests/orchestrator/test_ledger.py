@@ -221,6 +221,37 @@ def test_a_lease_is_held_renewed_released_and_taken_over_after_expiry(url):
     assert ledger.release("host-c:3:cc") == 1 and ledger.trials(exp.id)[1].lease_owner is None
 
 
+def test_only_the_lease_holder_records_a_trial(url):
+    """A driver whose lease lapsed and was taken over can neither settle the trial nor release
+    the new holder's lease; the holder's records land, and a retried settle lands again."""
+    ledger = Ledger(url)
+    exp = ledger.ensure_experiment("owned", "language_model", "")
+    row = ledger.ensure_trial(exp.id, "abc123", **COORDS)
+    assert ledger.acquire(row.id, "host-a:1:aa", lease_s=0.3).acquired
+    assert ledger.update_trial(row.id, owner="host-b:2:bb", status=Status.FAILED) is None
+    running = ledger.update_trial(row.id, owner="host-a:1:aa", status=Status.RUNNING)
+    assert running.status is Status.RUNNING and running.lease_owner == "host-a:1:aa"
+    time.sleep(0.4)  # a's lease lapses, but nobody took it: a still settles its own trial
+    other = ledger.ensure_trial(exp.id, "def456", **COORDS)
+    assert ledger.acquire(other.id, "host-a:1:aa", lease_s=0.3).acquired
+    time.sleep(0.4)
+    failed = ledger.update_trial(other.id, owner="host-a:1:aa", status=Status.FAILED,
+                                 error="boom")
+    assert (failed.status, failed.error, failed.lease_owner) == (Status.FAILED, "boom", None)
+
+    assert ledger.acquire(row.id, "host-b:2:bb", lease_s=60).previous_owner == "host-a:1:aa"
+    late = ledger.update_trial(row.id, owner="host-a:1:aa", status=Status.FAILED, error="late")
+    assert late is None  # the old driver's late failure changes nothing
+    (seen, _) = ledger.trials(exp.id)
+    assert (seen.status, seen.error, seen.lease_owner) == (Status.RUNNING, None, "host-b:2:bb")
+    done = ledger.update_trial(row.id, owner="host-b:2:bb", status=Status.FINISHED, metric=2.0)
+    assert (done.status, done.metric, done.lease_owner) == (Status.FINISHED, 2.0, None)
+    again = ledger.update_trial(row.id, owner="host-b:2:bb", status=Status.FINISHED, metric=2.0)
+    assert again is not None and again.status is Status.FINISHED  # a retry finds it done
+    assert ledger.update_trial(row.id, owner="host-a:1:aa", status=Status.FAILED) is None
+    assert ledger.trials(exp.id)[0].status is Status.FINISHED
+
+
 def test_a_parent_run_is_set_once(url):
     ledger = Ledger(url)
     exp = ledger.ensure_experiment("parent", "language_model", "")
