@@ -2,11 +2,12 @@
 
 Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
 ``functools.partial(run_in_ray, job)`` (the typed ``Job`` is all that crosses to the workers) and
-records the outcome in the ledger, which MLflow then follows (``record``). The Train run is named
-after the trial hash under ``ray_results/trials/<experiment>`` of the storage root (a local
-path, or ``s3://...`` that every node reaches): launching the same trial of the same experiment
-again makes Ray Train restore its checkpoint manager, so the workers resume from the last
-checkpoint, as they do within a submission when a worker or its node dies
+records the outcome in the ledger, which MLflow then follows (``record``); a failure is recorded by
+the submission itself (``SettleFailures``), and every record only under the trial's lease. The
+Train run is named after the trial hash under ``ray_results/trials/<experiment>`` of the storage
+root (a local path, or ``s3://...`` that every node reaches): launching the same trial of the same
+experiment again makes Ray Train restore its checkpoint manager, so the workers resume from the
+last checkpoint, as they do within a submission when a worker or its node dies
 (``resources.max_failures``). Ray Train keeps a trial's last two checkpoints: the previous one is
 the fallback when the latest does not verify (``workloads.checkpoints``).
 """
@@ -18,10 +19,12 @@ import functools
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 import ray.tune
 from mlflow import MlflowClient
+from ray import cloudpickle  # what Tune pickles trial errors with
 from ray.train import CheckpointConfig, ControllerError, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
@@ -88,10 +91,13 @@ def ray_storage(storage: StorageRoot, *parts: str) -> dict:
 
 
 def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, status: Status,
-           **fields) -> None:
-    """Set a trial's status (and ``fields``) in the ledger, then make its MLflow run follow."""
-    ledger.update_trial(row_id, status=status, **fields)
+           *, owner: str | None = None, **fields) -> bool:
+    """Set a trial's status (and ``fields``) in the ledger, then make its MLflow run follow;
+    with ``owner``, only while ``owner`` holds the trial's lease. Returns whether it did."""
+    if ledger.update_trial(row_id, owner=owner, status=status, **fields) is None:
+        return False
     tracking.mirror_status(client, run_id, status)
+    return True
 
 
 @functools.cache
@@ -145,37 +151,69 @@ def fit(task: Task, job: Job) -> ray.train.Result:
 
 def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     """Tune trainable: train ``tasks[config["trial_id"]]`` with Ray Train, recording it in the
-    ledger (and so in MLflow), if its submission still holds the trial's lease.
+    ledger (and so in MLflow) as RUNNING, then FINISHED, while its submission holds the trial's
+    lease. A failure is raised to Tune, whose ``SettleFailures`` in the submission records it:
+    a driver whose submission died records nothing, so its lease lapses and the trial is taken
+    over (and resumed) by the next submission.
 
     Raises:
-        ray.train.TrainingFailedError: the Train run failed (after marking the trial FAILED).
+        ray.train.TrainingFailedError: the Train run failed.
     """
     task = tasks[config["trial_id"]]
     job = task.job
     ledger, client = _ledger(task.ledger_url), MlflowClient(job.tracking_uri)
     lease = ledger.acquire(task.row_id, task.owner, task.lease_s)
-    if not lease.acquired:  # lost while it waited for a slot (a heartbeat-less lapse)
-        print(f"[cemlab] {job.trial.label}: its lease is now {lease.owner}'s: not trained here",
-              flush=True)
+    if not (lease.acquired and record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
+                                      owner=task.owner, checkpoint_path=task.uri())):
+        # lost while it waited for a slot (a heartbeat-less lapse)
+        print(f"[cemlab] {job.trial.label}: another submission holds its lease now: not "
+              "trained here", flush=True)
         return
-    record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
-           checkpoint_path=task.uri())
     for name, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(name, value)
     job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
-    try:
-        result = fit(task, job)
-    except Exception as e:
-        record(ledger, client, task.row_id, job.run_id, Status.FAILED, error=str(e)[-2000:])
-        raise
+    result = fit(task, job)
     tracking.log_timing(client, job.run_id,
                         breakdown(result.metrics, job.submitted_at, time.time()))
     workload = get_workload(job.trial.workload)
-    record(ledger, client, task.row_id, job.run_id, Status.FINISHED,
-           metric=result.metrics[workload.metric],
-           val_metric=result.metrics[workload.selection_metric], error=None,
-           checkpoint_path=task.uri(result.checkpoint.path.rsplit("/", 1)[-1])
-           if result.checkpoint else None)
+    if not record(ledger, client, task.row_id, job.run_id, Status.FINISHED, owner=task.owner,
+                  metric=result.metrics[workload.metric],
+                  val_metric=result.metrics[workload.selection_metric], error=None,
+                  checkpoint_path=task.uri(result.checkpoint.path.rsplit("/", 1)[-1])
+                  if result.checkpoint else None):
+        print(f"[cemlab] {job.trial.label}: finished, but another submission took its lease "
+              "over meanwhile: that one records it", flush=True)
+
+
+def failure_text(trial: ray.tune.experiment.Trial) -> str:
+    """What a failed Tune trial raised, as ``<type>: <message>`` (its driver's own exception, not
+    Ray's wrapper), from the error files Tune has just written on this node."""
+    pickled = trial.pickled_error_file and Path(trial.pickled_error_file)
+    if pickled and pickled.exists():
+        error = cloudpickle.loads(pickled.read_bytes())
+        error = getattr(error, "cause", None) or error  # a RayTaskError wraps the driver's
+        return f"{type(error).__name__}: {error}"
+    written = trial.error_file and Path(trial.error_file)
+    return (written.read_text() if written and written.exists()
+            else "its trial driver failed (Tune kept no error text)")
+
+
+class SettleFailures(ray.tune.Callback):
+    """In the submission, while Tune runs the grid: a trial whose driver failed (its Train run
+    failed, or its driver's actor died) is recorded FAILED with what it raised, under the
+    submission's lease."""
+
+    def __init__(self, tasks: dict[str, Task]) -> None:
+        self.tasks = tasks
+
+    def on_trial_error(self, iteration: int, trials: list, trial: ray.tune.experiment.Trial,
+                       **info) -> None:
+        task = self.tasks[trial.config["trial_id"]]
+        error = failure_text(trial)
+        if record(_ledger(task.ledger_url), MlflowClient(task.job.tracking_uri), task.row_id,
+                  task.job.run_id, Status.FAILED, owner=task.owner, error=error[-2000:]):
+            print(f"[cemlab] {task.job.trial.label}: FAILED ({error.splitlines()[0]})",
+                  flush=True)
 
 
 def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: int) -> None:
@@ -196,5 +234,6 @@ def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: in
             trial_name_creator=lambda t: labels[t.config["trial_id"]],
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-                                      **ray_storage(storage, *_TUNE), verbose=1))
+                                      **ray_storage(storage, *_TUNE), verbose=1,
+                                      callbacks=[SettleFailures(by_id)]))
     tuner.fit()

@@ -417,6 +417,54 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
         assert steps == list(range(1, 201)), key
 
 
+def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(services, tmp_path):
+    import psutil
+
+    home, env = services
+    spec = {**SPEC, "name": "one-fails", "variants": {"llama": {}}, "learning_rates": [0.004],
+            "seeds": [0, 1],
+            "training": {**SPEC["training"], "tokens": 100 * 16 * 64, "eval_sequences": 8,
+                         "energy_diagnostics": False},  # a checkpoint every 20 steps
+            "resources": {"num_workers": 1, "cpus_per_worker": 2, "max_failures": 0}}
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run",
+                            str(write_spec(tmp_path, spec))],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+
+    def training() -> bool:  # one trial at a time: is the running one past its first checkpoint?
+        exp = ledger.experiment("one-fails")
+        return any(r.status == Status.RUNNING and r.checkpoint_path
+                   and any(Path(r.checkpoint_path).glob("checkpoint_*/manifest-rank0.json"))
+                   for r in (ledger.trials(exp.id) if exp else []))
+
+    deadline = time.monotonic() + 300
+    while not training():  # a worker killed while its group starts is started again
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    workers = [p for p in psutil.process_iter(["cmdline"])
+               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert workers
+    for worker in workers:  # the trial's only worker, and no restart allowed
+        worker.kill()
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == 1, output[-6000:]  # not every trial finished
+
+    rows = ledger.trials(ledger.experiment("one-fails").id)
+    assert sorted(r.status for r in rows) == [Status.FAILED, Status.FINISHED], output[-3000:]
+    failed = next(r for r in rows if r.status == Status.FAILED)
+    assert f"({failed.trial_hash}): claimed by" in output
+    assert ": FAILED (WorkerGroupError: Training failed due to worker errors" in output
+    assert failed.error.startswith("WorkerGroupError: Training failed due to worker errors")
+    assert "The actor died unexpectedly" in failed.error  # what the trial raised
+    assert all(r.lease_owner is None for r in rows)  # settled: released
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    assert client.get_run(failed.mlflow_run_id).info.status == "FAILED"
+    parent = client.search_runs([client.get_experiment_by_name("one-fails").experiment_id],
+                                "tags.`cemlab.role` = 'experiment'")
+    assert [r.info.status for r in parent] == ["FAILED"]
+
+
 def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tmp_path):
     home, env = services
     spec = {**SPEC, "name": "twice", "variants": {"llama": {}}, "learning_rates": [0.004],
