@@ -3,8 +3,8 @@
 Starts its own Ray head (token auth) and MLflow server (basic auth) with infra/local/up.sh in a
 temporary CEMLAB_HOME; runs a 2 x 2 learning-rate grid through Ray Tune (2 Ray Train workers and
 DeepSpeed ZeRO-2 per trial), checks MLflow, the ledger, the Akima results and the registry,
-re-submits through `ray job submit`; kills a run mid-trial and resumes it; runs the GP workload;
-stops the services.
+re-submits through `ray job submit`; kills a run mid-trial and resumes it; fails one trial of two
+(its worker killed, no restarts); runs the GP workload; stops the services.
 """
 
 import ipaddress
