@@ -24,7 +24,6 @@ from pathlib import Path
 import ray
 import ray.tune
 from mlflow import MlflowClient
-from ray import cloudpickle  # what Tune pickles trial errors with
 from ray.train import CheckpointConfig, ControllerError, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
@@ -185,17 +184,20 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
               "over meanwhile: that one records it", flush=True)
 
 
-def failure_text(trial: ray.tune.experiment.Trial) -> str:
-    """What a failed Tune trial raised, as ``<type>: <message>`` (its driver's own exception, not
-    Ray's wrapper), from the error files Tune has just written on this node."""
-    pickled = trial.pickled_error_file and Path(trial.pickled_error_file)
-    if pickled and pickled.exists():
-        error = cloudpickle.loads(pickled.read_bytes())
-        error = getattr(error, "cause", None) or error  # a RayTaskError wraps the driver's
-        return f"{type(error).__name__}: {error}"
-    written = trial.error_file and Path(trial.error_file)
-    return (written.read_text() if written and written.exists()
-            else "its trial driver failed (Tune kept no error text)")
+def failure_text(error_txt: str) -> str:
+    """What a failed Tune trial's driver raised, as ``<type>: <message>``, from the text of
+    Tune's ``error.txt``: a header and the driver actor's title, the driver's stack (indented
+    lines), then its exception from the first unindented line on
+    (``ray.train.WorkerGroupError: ...``). The whole text when it has no stack."""
+    lines = error_txt.strip().splitlines()
+    stack = next((i for i, line in enumerate(lines) if line[:1].isspace()), len(lines))
+    start = next((i for i in range(stack, len(lines)) if lines[i] and not lines[i][0].isspace()),
+                 None)
+    if start is None:
+        return error_txt.strip()
+    kind, colon, message = lines[start].partition(": ")
+    head = f"{kind.rsplit('.', 1)[-1]}{colon}{message}"  # WorkerGroupError: ...
+    return "\n".join([head, *lines[start + 1:]])
 
 
 class SettleFailures(ray.tune.Callback):
@@ -206,12 +208,21 @@ class SettleFailures(ray.tune.Callback):
     def __init__(self, tasks: dict[str, Task]) -> None:
         self.tasks = tasks
 
+    def __getstate__(self) -> dict:
+        """Tune pickles its callbacks into the storage root (``tuner.pkl``): not the tasks,
+        whose ledger URL may hold a password. Nothing restores this callback from there."""
+        return {"tasks": {}}
+
     def on_trial_error(self, iteration: int, trials: list, trial: ray.tune.experiment.Trial,
                        **info) -> None:
         task = self.tasks[trial.config["trial_id"]]
-        error = failure_text(trial)
+        written = trial.error_file and Path(trial.error_file)  # Tune's, on this node, just now
+        error = (failure_text(written.read_text()) if written and written.exists()
+                 else "its trial driver failed (Tune kept no error text)")
+        if len(error) > 4000:  # the exception's first line, and the end of its message
+            error = f"{error[:1000]}\n[...]\n{error[-3000:]}"
         if record(_ledger(task.ledger_url), MlflowClient(task.job.tracking_uri), task.row_id,
-                  task.job.run_id, Status.FAILED, owner=task.owner, error=error[-2000:]):
+                  task.job.run_id, Status.FAILED, owner=task.owner, error=error):
             print(f"[cemlab] {task.job.trial.label}: FAILED ({error.splitlines()[0]})",
                   flush=True)
 

@@ -143,7 +143,8 @@ def format_efficiency(trials: list[dict]) -> str:
 
 
 def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> str:
-    """Progress of an experiment: counts by status, then one line per trial."""
+    """Progress of an experiment: counts by status, one line per trial, then the first line of
+    what each failed trial raised (the whole of it is the ledger row's ``error``)."""
     head = (f"experiment {spec.name}: {planned} trial(s) planned, "
             + ", ".join(f"{n} {s.lower()}" for s, n in status_counts(rows).items())
             + f", {max(planned - len(rows), 0)} not yet submitted")
@@ -152,4 +153,6 @@ def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> s
               metric_name(spec): r.metric, "mlflow run": r.mlflow_run_id,
               "updated": r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
               "checkpoint": r.checkpoint_path} for r in rows]
-    return "\n".join([head, format_table(table)]) if table else head
+    failures = [f"{r.trial_hash} failed: {r.error.strip().splitlines()[0]}" for r in rows
+                if r.status == Status.FAILED and r.error and r.error.strip()]
+    return "\n".join([head, format_table(table), *failures]) if table else head

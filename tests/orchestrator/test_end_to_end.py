@@ -426,8 +426,8 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
             "training": {**SPEC["training"], "tokens": 100 * 16 * 64, "eval_sequences": 8,
                          "energy_diagnostics": False},  # a checkpoint every 20 steps
             "resources": {"num_workers": 1, "cpus_per_worker": 2, "max_failures": 0}}
-    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run",
-                            str(write_spec(tmp_path, spec))],
+    spec_path = write_spec(tmp_path, spec)
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
@@ -463,6 +463,8 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
     parent = client.search_runs([client.get_experiment_by_name("one-fails").experiment_id],
                                 "tags.`cemlab.role` = 'experiment'")
     assert [r.info.status for r in parent] == ["FAILED"]
+    status = orchestrator(env, "status", str(spec_path))
+    assert f"{failed.trial_hash} failed: WorkerGroupError: Training failed" in status.stdout
 
 
 def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tmp_path):

@@ -35,13 +35,17 @@ def test_status_counts_and_progress_come_from_the_ledger(tmp_path):
     ledger.update_trial(done.id, status=Status.FINISHED, metric=123.25)
     running = ledger.ensure_trial(exp.id, "b", lr=0.002, **point)
     ledger.update_trial(running.id, status=Status.RUNNING)
+    failed = ledger.ensure_trial(exp.id, "c", lr=0.004, **point)
+    ledger.update_trial(failed.id, status=Status.FAILED,
+                        error="WorkerGroupError: Training failed\n...\nThe actor died.\n")
     rows = experiment_rows(spec, ledger)
     assert status_counts(rows) == {Status.PENDING: 0, Status.RUNNING: 1, Status.FINISHED: 1,
-                                   Status.FAILED: 0}
-    text = format_status(spec, rows, planned=3)
-    assert text.splitlines()[0] == ("experiment progress: 3 trial(s) planned, 0 pending, "
-                                    "1 running, 1 finished, 0 failed, 1 not yet submitted")
+                                   Status.FAILED: 1}
+    text = format_status(spec, rows, planned=4)  # as if the spec had grown by one trial
+    assert text.splitlines()[0] == ("experiment progress: 4 trial(s) planned, 0 pending, "
+                                    "1 running, 1 finished, 1 failed, 1 not yet submitted")
     assert "123.25" in text and "RUNNING" in text
+    assert text.splitlines()[-1] == "c failed: WorkerGroupError: Training failed"
 
 
 def test_the_time_split_and_efficiency_summarise_finished_trials():
