@@ -217,8 +217,8 @@ class SettleFailures(ray.tune.Callback):
                        **info) -> None:
         task = self.tasks[trial.config["trial_id"]]
         written = trial.error_file and Path(trial.error_file)  # Tune's, on this node, just now
-        error = (failure_text(written.read_text()) if written and written.exists()
-                 else "its trial driver failed (Tune kept no error text)")
+        error = (written and written.exists() and failure_text(written.read_text())
+                 or "its trial driver failed (Tune kept no error text)")
         if len(error) > 4000:  # the exception's first line, and the end of its message
             error = f"{error[:1000]}\n[...]\n{error[-3000:]}"
         if record(_ledger(task.ledger_url), MlflowClient(task.job.tracking_uri), task.row_id,
