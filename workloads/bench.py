@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from statistics import median_high
 
 import torch
 import torch.nn.functional as F
@@ -61,10 +62,6 @@ def variant_configs(preset: str, names: list[str] | None = None) -> dict[str, Mo
     sizes = {field: getattr(base, field) for field in SIZES}
     return {name: ModelConfig(**sizes, **overrides) for name, overrides in VARIANTS.items()
             if names is None or name in names}
-
-
-def _median(seconds: list[float]) -> float:
-    return sorted(seconds)[len(seconds) // 2]
 
 
 def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
@@ -119,12 +116,12 @@ def run(preset: str, batch: int, seconds: float, device: torch.device, precision
             first_s, step_s = measure(cfg, batch, seconds / rounds, device, precision,
                                      compiled)
             print(f"[bench] round {r + 1}/{rounds} {name}: first step {first_s:.1f} s, "
-                  f"{len(step_s)} steps, median {1000 * _median(step_s):.1f} "
+                  f"{len(step_s)} steps, median {1000 * median_high(step_s):.1f} "
                   "ms", file=sys.stderr, flush=True)  # a run cut short still shows its steps
             times[name] += step_s
             first[name] = max(first[name], first_s)
             memory[name] = max(memory[name], peak_memory_bytes(device) / 2**20)
-    median = {name: _median(t) for name, t in times.items()}
+    median = {name: median_high(t) for name, t in times.items()}
     rows = []
     for name, cfg in configs.items():
         t, tokens = median[name], batch * cfg.context_length
