@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from tabulate import tabulate
 
+from workloads.allocator import reuse_freed_memory
 from workloads.hardware import DTYPES, device_name, peak_flops, peak_memory_bytes
 from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
 from workloads.models.cem import CEMAttention
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyError as e:
         parser.error(str(e.args[0]))
     CEMAttention.kernel = args.cem_kernel
+    reuse_freed_memory()  # as the trials' sessions do
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(args.precision)
     rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds,

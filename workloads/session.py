@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workloads import hardware
+from workloads import allocator, hardware
 from workloads.base import Job
 from workloads.checkpoints import newest_good, write_manifest
 from workloads.engine import DeepSpeedEngine, Engine, TorchEngine
@@ -50,6 +50,7 @@ class Session(ABC):
 
     def __init__(self, job: Job) -> None:
         self.job = job
+        allocator.reuse_freed_memory()  # a step reuses the pages of the step before
         self.clock = PhaseClock(job.submitted_at)  # time/startup_s, train_s, eval_s, ...
         self._peak_flops: float | None = None  # per worker, once looked up
 
