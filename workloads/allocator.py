@@ -8,6 +8,11 @@ AMD EPYC (torch 2.13 CPU, 1 thread, bf16) casting those logits to fp32 took 13.6
 cross-entropy 15.6 ms; with the blocks reused, 1.1 ms and 4.1 ms, and a whole forward +
 loss + backward of 8 sequences went from 187 to 133 ms. PyTorch's CPU performance guide gets
 the same by preloading jemalloc or tcmalloc; this needs no library beside glibc.
+
+The cost is resident memory. The heap settles over the first tens of steps (small objects split
+its free blocks, so it grows a few times before they fit) and then stays: a loop of that loss
+alone held 753 MiB from its 100th step to its 400th with no page faulted in, against 321 MiB
+under the default, and a ``make demo`` worker peaked at 1,149-1,198 MiB against 882-1,037.
 """
 
 from __future__ import annotations
