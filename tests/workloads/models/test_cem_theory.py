@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_attention_module
+import torch.nn.functional as F
 from scipy.integrate import quad
 
 from workloads.models import ModelConfig
-from workloads.models.cem import CEMMLP, CEMAttention
+from workloads.models.cem import CEMMLP, CEMAttention, _sdpa_math
 from workloads.models.energy import (
     elementwise_energy,
     interaction_energy,
@@ -22,7 +23,7 @@ from workloads.models.energy import (
     silu_integral,
 )
 from workloads.models.llama import LlamaAttention, LlamaMLP
-from workloads.models.position import alibi_bias
+from workloads.models.position import alibi_bias, sdpa_mask
 from workloads.models.precond import Preconditioner
 
 SHAPES = [(2, 1, 5), (4, 2, 6), (3, 3, 4), (6, 1, 3)]  # (n_head, batch, seq_len); d_head = 4
@@ -224,6 +225,31 @@ def test_fused_paths_equal_the_explicit_path(kernel, diag, exact, dtype, monkeyp
         tol = ({} if dtype == torch.float64
                else {"rtol": 1e-5, "atol": 1e-5 * b.abs().max().item()})
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batched_mask", [False, True])
+def test_written_out_math_kernel_is_sdpa_bit_for_bit(dtype, batched_mask):
+    """Training on a CPU, CEM attention runs SDPA's math kernel written out (``_sdpa_math``,
+    without its guard for rows that see no key): the same outputs and gradients as
+    ``F.scaled_dot_product_attention`` with a causal float mask that needs a gradient, to the
+    bit, for a (K, T, T) mask and a (B, K, T, T) one (the shared diagonal's scores)."""
+    gen = torch.Generator().manual_seed(0)
+    b, k, t, e = 2, 3, 16, 8
+    q, key, v = (torch.randn(b, k, t, e, generator=gen).to(dtype).requires_grad_()
+                 for _ in range(3))
+    causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+    mask = torch.randn(*((b,) if batched_mask else ()), k, t, t, generator=gen)
+    mask = mask.masked_fill(causal, float("-inf")).to(dtype).requires_grad_()
+    grad = torch.randn(b, k, t, e, generator=gen).to(dtype)
+    results = []
+    for attend in (lambda: F.scaled_dot_product_attention(q, key, v, attn_mask=sdpa_mask(mask),
+                                                          scale=0.3),
+                   lambda: _sdpa_math(q, key, v, mask, 0.3)):
+        out = attend()
+        results.append([out, *torch.autograd.grad(out, (q, key, v, mask), grad)])
+    for written_out, sdpa in zip(results[1], results[0], strict=True):
+        assert torch.equal(written_out, sdpa)
 
 
 @pytest.mark.parametrize("attention", ["cem", "llama"])
