@@ -11,9 +11,9 @@ with the model cast to ``--precision`` (``auto``: bf16 where supported, as the t
 Prints a table (tokens/s, step time relative to Llama, achieved GFLOP/s from the analytic
 ``flops_per_token``, MFU over ``workloads.hardware.peak_flops``, peak memory: the allocator's
 per variant on a GPU, the process's high-water mark so far on a CPU, the first step's seconds:
-the compile with ``--compile``, which runs every variant's model through ``torch.compile``) and
-the same rows as JSON. Targets on CPU: CEM attention at T = 1 no slower than 0.9x Llama's step
-time, the full ``cem-*`` configuration (T = 2) no slower than 1.5x.
+the compile with ``--compile``, which runs every variant's model and the loss through
+``torch.compile``) and the same rows as JSON. Targets on CPU: CEM attention at T = 1 no slower
+than 0.9x Llama's step time, the full ``cem-*`` configuration (T = 2) no slower than 1.5x.
 """
 
 from __future__ import annotations
@@ -68,19 +68,25 @@ def variant_configs(preset: str, names: list[str] | None = None) -> dict[str, Mo
 def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
             precision: str, compiled: bool = False) -> tuple[float, list[float]]:
     """The first warm-up step's seconds (it compiles, with ``compiled``: ``torch.compile`` of the
-    whole model, fixed shapes), and the seconds of each forward+backward step on (batch,
-    context_length) tokens, timed for about ``seconds`` (at least 3 steps) after 2 warm-up
-    steps."""
+    whole model and of the loss, fixed shapes), and the seconds of each forward+backward step
+    on (batch, context_length) tokens, timed for about ``seconds`` (at least 3 steps) after 2
+    warm-up steps."""
     dtype = DTYPES[precision]
     with device:  # initialised where it runs: 1 s of CPU per 134M model otherwise
         model = build_model(cfg).to(dtype=dtype)
-    if compiled:
-        model.compile(dynamic=False)  # in place: the same module, its forward compiled
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
 
+    def loss_of(logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten())
+
+    if compiled:
+        model.compile(dynamic=False)  # in place: the same module, its forward compiled
+        # the loss too, as a compiled train step would: one fused pass over the logits in
+        # place of an fp32 copy (2 GB at llama-134m's batch 8 x 2048 x 32000) and its softmax
+        loss_of = torch.compile(loss_of, dynamic=False)
+
     def step() -> None:
-        logits = model(idx[:, :-1])
-        F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten()).backward()
+        loss_of(model(idx[:, :-1])).backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                         "on a GPU, SDPA elsewhere; explicit: faster in bf16 on a CPU, scores "
                         "rounded to bf16; flex needs a GPU to train)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every variant's "
-                        "model (all alike); first_step_s is then the compile")
+                        "model and the loss (all alike); first_step_s is then the compile")
     parser.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",")],
                         help="comma-separated subset of: " + ", ".join(VARIANTS)
                         + " (default: all)")

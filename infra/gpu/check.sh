@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU checks of README "On a GPU", as one run on a lent GPU machine that has torch, Triton
+# and tabulate but not this project's environment:
+#
+#   bash infra/gpu/check.sh [OUT_DIR] [BUDGET_S]    (PRESET=nano for a dry run on a CPU)
+#
+# Each step is its own process with its own time limit, taken from what is left of BUDGET_S
+# (default 420), so a step that hangs or fails costs only itself: a step cut off dumps every
+# thread's stack (faulthandler) into the log, to show where its time went. Logs and each bench's
+# JSON go to OUT_DIR (default $OUT, else ./gpu-check); a summary table ends the output.
+set -u
+out=${1:-${OUT:-gpu-check}}
+budget=${2:-420}
+mkdir -p "$out"
+deadline=$(($(date +%s) + budget))
+log="$out/check.log"
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/cemlab-inductor}
+
+step() {  # step NAME LIMIT_S BENCH_ARGS...: one bench run, cut off at LIMIT_S or the budget
+  local name=$1 limit=$2 left
+  shift 2
+  left=$((deadline - $(date +%s)))
+  if [ "$left" -lt 30 ]; then
+    echo "== $name: skipped, ${left} s of the budget left" | tee -a "$log"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name (limit ${limit} s): python -m workloads.bench $*" | tee -a "$log"
+  local began=$(date +%s)
+  timeout -s KILL $((limit + 10)) python3 -c "
+import faulthandler, runpy, sys
+faulthandler.dump_traceback_later($limit, exit=True)
+sys.argv = ['workloads.bench'] + sys.argv[1:]
+runpy.run_module('workloads.bench', run_name='__main__')
+" "$@" --json-out "$out/$name.json" >>"$log" 2>&1
+  echo "== $name: exit $?, $(($(date +%s) - began)) s" | tee -a "$log"
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
+    --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee -a "$log"
+
+bench=(--preset "${PRESET:-llama-134m}" --precision bf16 --rounds 1 --seconds 3)
+step llama 60 "${bench[@]}" --variants llama
+step cem-134m 170 "${bench[@]}" --variants "cem-best T=2"
+step llama-compiled 90 "${bench[@]}" --variants llama --compile
+step cem-134m-compiled 150 "${bench[@]}" --variants "cem-best T=2" --compile
+step others 150 "${bench[@]}" --variants "llama-alibi,cem-attn T=1,cem-mlp T=1,cem T=1"
+
+python3 - "$out" <<'EOF'
+import json, pathlib, sys
+from tabulate import tabulate
+rows = []
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    for row in json.loads(path.read_text()):
+        rows.append({"run": path.stem, "variant": row["variant"], "step_ms": row["step_ms"],
+                     "tokens_per_s": row["tokens_per_s"], "TFLOP/s": row["gflops_per_s"] / 1e3,
+                     "mfu_%": 100 * row["mfu"], "peak_MiB": row["peak_memory_mib"],
+                     "first_step_s": row["first_step_s"]})
+print(tabulate(rows, headers="keys", floatfmt=",.1f"))
+EOF
