@@ -11,8 +11,12 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.nn.attention.flex_attention import (AuxRequest, BlockMask, create_block_mask,
-                                               flex_attention)
+from torch.nn.attention.flex_attention import (
+    AuxRequest,
+    BlockMask,
+    create_block_mask,
+    flex_attention,
+)
 
 
 @functools.cache
