@@ -1,9 +1,11 @@
 """CEM attention's scores, softmax and weighted sum as one fused kernel: FlexAttention.
 
-The causal ALiBi + self/cross bias of paper App. A is a ``score_mod`` (computed per score inside
-the kernel, never a (K, T, T) tensor) and causality a block mask, so the bias's gradient comes
-out of the fused backward. On a GPU the kernel is compiled (``torch.compile``, Triton); on a
-CPU torch runs FlexAttention's unfused eager implementation, forward only.
+The causal ALiBi bias of paper App. A is a ``score_mod`` (computed per score inside the kernel,
+never a (K, T, T) tensor) and causality a block mask over the keys before each query; the
+query's own key, with the learned self/cross bias, is merged in after the kernel through its
+log-sum-exp, so that no learnable scalar is read inside it (``alibi_flex_attention``). On a GPU
+the kernel is compiled (``torch.compile``, Triton); on a CPU torch runs FlexAttention's unfused
+eager implementation, forward only.
 """
 
 from __future__ import annotations
