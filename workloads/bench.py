@@ -25,12 +25,17 @@ import time
 from statistics import median_high
 
 import torch
-import torch.nn.functional as F
 from tabulate import tabulate
 
 from workloads.allocator import reuse_freed_memory
 from workloads.hardware import DTYPES, device_name, peak_flops, peak_memory_bytes
-from workloads.models import ModelConfig, build_model, count_parameters, flops_per_token
+from workloads.models import (
+    ModelConfig,
+    build_model,
+    count_parameters,
+    flops_per_token,
+    next_token_loss,
+)
 from workloads.models.cem import CEMAttention
 from workloads.models.config import CEM_BEST
 from workloads.optim import resolve_precision
@@ -76,17 +81,13 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
         model = build_model(cfg).to(dtype=dtype)
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
 
-    def loss_of(logits: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float().flatten(0, 1), idx[:, 1:].flatten())
-
-    if compiled:
+    loss_of = next_token_loss
+    if compiled:  # as a compiled trial does (``training.compile``): the model and the loss
         model.compile(dynamic=False)  # in place: the same module, its forward compiled
-        # the loss too, as a compiled train step would: one fused pass over the logits in
-        # place of an fp32 copy (2 GB at llama-134m's batch 8 x 2048 x 32000) and its softmax
-        loss_of = torch.compile(loss_of, dynamic=False)
+        loss_of = torch.compile(next_token_loss, dynamic=False)
 
     def step() -> None:
-        loss_of(model(idx[:, :-1])).backward()
+        loss_of(model(idx[:, :-1]), idx[:, 1:]).backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 

@@ -31,6 +31,8 @@ class TrainingConfig(StrictModel):
     embedding weights only, ``optim.decayed_parameters``), gradient clipping at ``grad_clip``
     (global norm), linear warmup over ``warmup_fraction`` of the steps, then a cosine decay to
     ``final_lr_fraction`` x the peak learning rate.
+    Engine: ZeRO ``zero_stage``, ``precision``, and ``compile`` (whether the workers run the
+    model and the loss through ``torch.compile``; ``engine.compiles``).
     """
 
     tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")
@@ -55,6 +57,10 @@ class TrainingConfig(StrictModel):
         "entropies and preconditioner eigenvalues")
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile each worker's model and loss (DeepSpeed's "
+        "engine.compile); auto: on GPU workers at ZeRO stage 0-2, off on CPUs "
+        "(engine.compiles)")
 
     def scale_for(self, size: str) -> float:
         """``budget_scale`` of preset ``size``.
@@ -68,7 +74,8 @@ class TrainingConfig(StrictModel):
 
 
 # Engine options and logging that do not change what a trial computes: left out of its identity.
-NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics", "zero_stage"})
+NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics", "zero_stage",
+                         "compile"})
 
 
 # Host memory (GiB) of one trial's actors besides its workers: Ray Tune's trial driver and Ray

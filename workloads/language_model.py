@@ -28,6 +28,7 @@ from workloads.models import (
     ModelConfig,
     build_model,
     flops_per_token,
+    next_token_loss,
     parameter_counts,
 )
 from workloads.models.diagnostics import energy_diagnostics
@@ -196,6 +197,9 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         batches = _forever(DataLoader(train_set, batch_size=trial.micro_batch_size,
                                       sampler=sampler), sampler,
                            skip=start_step * trial.grad_accum)
+        # compiled with the model (``training.compile``): one fused pass over the logits
+        loss_of = (torch.compile(next_token_loss, dynamic=False) if engine.compiled
+                   else next_token_loss)
         tokens_per_step = t.batch_size * cfg.context_length
         flops_per_tok = flops_per_token(cfg, cfg.context_length)
         total_steps, device = trial.steps, engine.device
@@ -229,7 +233,7 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                     x, y = next(batches)
                     x, y = x.to(device), y.to(device)
                     logits = engine(x)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                    loss = loss_of(logits, y)
                     engine.backward(loss)
                     engine.step()
                     loss_sum += loss.detach()

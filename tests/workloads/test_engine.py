@@ -1,5 +1,6 @@
 """The two engines behind the train loop agree: DeepSpeed ZeRO (what the Ray workers run) and
-plain PyTorch (what ``python -m workloads.train`` runs) give the same losses for the same trial."""
+plain PyTorch (what ``python -m workloads.train`` runs) give the same losses for the same trial,
+and so does the DeepSpeed engine compiled (``training.compile``)."""
 
 import json
 import os
@@ -11,9 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# One rank, fp32: the language-model loop with a DeepSpeed engine, then with a torch engine.
+# One rank, fp32: the language-model loop with a DeepSpeed engine, with a torch engine, then
+# with the DeepSpeed engine compiled.
 SCRIPT = """
-import json, os, socket, sys
+import dataclasses, json, os, socket, sys
 os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
 import torch.distributed as dist
 with socket.socket() as s:
@@ -27,19 +29,28 @@ from workloads.registry import get_workload
 from workloads.engine import DeepSpeedEngine
 from workloads.session import LocalSession
 
+from torch._dynamo.utils import counters
+
 class DeepSpeedSession(LocalSession):
     def engine(self, model, backend):
-        return DeepSpeedEngine(model, self.job.trial, 1, self.precision)
+        self.made = DeepSpeedEngine(model, self.job.trial, 1, self.precision)
+        return self.made
 
 tmp = Path(sys.argv[2])
 job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10)
+training = job.trial.training.model_copy(update={"compile": True})
+compiled = dataclasses.replace(job, trial=dataclasses.replace(job.trial, training=training))
 out = {}
-for name, cls in [("deepspeed", DeepSpeedSession), ("torch", LocalSession)]:
+for name, cls, job in [("deepspeed", DeepSpeedSession, job), ("torch", LocalSession, job),
+                       ("compiled", DeepSpeedSession, compiled)]:
     session = cls(job)
     final = get_workload(job.trial.workload).train(job, session)
+    made = getattr(session, "made", None)
     out[name] = {"loss": [session.history["loss"][s] for s in range(1, 11)],
                  "lr": [session.history["lr"][s] for s in range(1, 11)],
-                 "test_loss": final["test_loss"]}
+                 "test_loss": final["test_loss"],
+                 "compiled": made is not None and made.compiled and made.engine.is_compiled,
+                 "graphs": counters["stats"]["unique_graphs"]}
 print("RESULT " + json.dumps(out))
 """
 
@@ -50,11 +61,17 @@ def test_deepspeed_and_torch_engines_train_alike(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT ", 1)[1])
-    ds, torch_ = out["deepspeed"], out["torch"]
+    ds, torch_, compiled = out["deepspeed"], out["torch"], out["compiled"]
     assert ds["lr"] == pytest.approx(torch_["lr"], rel=1e-9)  # one schedule
     assert ds["loss"] == pytest.approx(torch_["loss"], rel=1e-4)  # one optimizer, one clip
     assert ds["test_loss"] == pytest.approx(torch_["test_loss"], rel=1e-4)
     assert ds["loss"][-1] < ds["loss"][0]
+    # compile: auto is off on a CPU; set, the model and the loss go through Dynamo, and the
+    # trial trains and evaluates to the same numbers (Inductor reorders fp32 sums)
+    assert not ds["compiled"] and ds["graphs"] == torch_["graphs"] == 0
+    assert compiled["compiled"] and compiled["graphs"] >= 2
+    assert compiled["loss"] == pytest.approx(ds["loss"], rel=1e-4)
+    assert compiled["test_loss"] == pytest.approx(ds["test_loss"], rel=1e-4)
 
 
 def test_the_cpu_comm_op_is_built_into_the_extension_cache_before_any_trial():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from workloads.models.cem import CEMMLP, CEMAttention
@@ -61,6 +62,13 @@ class DecoderLM(nn.Module):
         for block in self.blocks:
             h = block(h, carry)
         return self.lm_head(self.norm(h))  # (B, T, vocab)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token cross-entropy (nats), computed in fp32: ``logits`` (B, T, vocab) in
+    any dtype, ``targets`` (B, T) token ids -> a scalar. Compiled (``torch.compile``), it is one
+    fused pass over the logits instead of an fp32 copy of them and a softmax over that copy."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
 def build_model(cfg: ModelConfig) -> DecoderLM:
