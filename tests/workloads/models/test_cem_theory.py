@@ -295,9 +295,8 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
     """``kernel = "auto"`` trains with compiled FlexAttention on CUDA: in fp32 it equals the
     explicit path to 1e-4 of each tensor's scale (outputs and every gradient; the shared
     diagonal's scores get theirs as atomic adds from every head, in no fixed order), and it
-    runs in bf16. (In bf16 this random
-    layer is ill-conditioned: SDPA and FlexAttention both sit 13-17 % of the scale from fp32,
-    measured with the eager kernels on a CPU.)"""
+    runs in bf16. (In bf16 this random layer is ill-conditioned: SDPA and FlexAttention both
+    sit 13-17 % of the scale from fp32, measured with the eager kernels on a CPU.)"""
     layer = make(CEMAttention, seed=5, attention="cem", n_head=4, d_model=64,
                  context_length=128, kq_diag=diag, attn_steps=2,
                  attn_preconditioner="diag_lowrank").cuda().float()
