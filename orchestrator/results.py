@@ -105,7 +105,8 @@ def status_counts(rows: list[TrialRow]) -> dict[Status, int]:
 
 def format_time_split(trials: list[dict]) -> str:
     """One line: the share of the ``trials``' wall time (``tracking.finished_trials``) spent in
-    train steps, and the seconds of every phase (``workloads.timing``), summed over them."""
+    train steps, and the seconds of every phase (``workloads.timing``), summed over them
+    (``compile`` only where a trial compiled)."""
     seconds: dict[str, float] = {}
     for trial in trials:
         for k, v in trial["metrics"].items():
@@ -115,7 +116,9 @@ def format_time_split(trials: list[dict]) -> str:
     if not trials or total <= 0:
         return "time split: no finished trial has logged one yet"
     parts = ", ".join(f"{name} {seconds.get(f'time/{name}_s', 0.0):,.0f} s"
-                      for name in ("startup", "train", "eval", "checkpoint", "teardown"))
+                      for name in ("startup", "compile", "train", "eval", "checkpoint",
+                                   "teardown")
+                      if name != "compile" or seconds.get("time/compile_s", 0.0) > 0)
     return (f"time split of {len(trials)} finished trial(s): "
             f"{seconds.get('time/train_s', 0.0) / total:.0%} in train steps ({parts}; "
             f"{total:,.0f} s in all)")

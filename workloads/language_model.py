@@ -180,7 +180,9 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
         steps and at the end: ``val_loss``, ``val_perplexity`` and a checkpoint, from which a
         resubmitted trial resumes (same step, same data order). At the end: ``test_loss``,
         ``test_perplexity`` on the whole test split, ``train_wall_s``, ``train_mfu`` and
-        ``peak_memory_mib`` (``Session.efficiency``), and the model kept by the session.
+        ``peak_memory_mib`` (``Session.efficiency``), and the model kept by the session. A
+        compiled engine's first step, which compiles the model, is the clock's ``compile`` phase
+        and counts in neither ``tokens_per_s`` nor ``train_mfu``.
         Returns the final validation and test metrics.
         """
         trial, corpus = job.trial, job.data.localized(Paths().data_dir)
@@ -224,9 +226,13 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                      session.precision)
         peak_flops = session.peak_flops(device) * world  # all workers
         start = interval_start = time.perf_counter()
+        interval_from = start_step  # tokens/s: over the steps after this one
+        # A compiled model compiles in its first step: that step is the clock's "compile"
+        # phase, left out of tokens/s and train_mfu (CEM-134M compiles for 101 s, Llama for 21).
+        compiling, timed_steps = engine.compiled, 0
         for step in range(start_step + 1, total_steps + 1):
             session.clock.first_step()
-            with session.clock.phase("train"):
+            with session.clock.phase("compile" if compiling else "train"):
                 lr = engine.lr()  # the LR this optimizer step uses
                 loss_sum = torch.zeros((), device=device)
                 for _ in range(trial.grad_accum):
@@ -242,12 +248,11 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                            "lr": lr, "tokens_seen": step * tokens_per_step}
                 if step % t.log_interval == 0 or step == total_steps:
                     now = time.perf_counter()
-                    steps_in_interval = step % t.log_interval or t.log_interval
-                    metrics["tokens_per_s"] = (steps_in_interval * tokens_per_step
+                    metrics["tokens_per_s"] = ((step - interval_from) * tokens_per_step
                                                / (now - interval_start))
                     metrics["flops_per_s"] = metrics["tokens_per_s"] * flops_per_tok  # achieved
                     metrics["mfu"] = metrics["flops_per_s"] / peak_flops
-                    interval_start = now
+                    interval_start, interval_from = now, step
                     eta = (now - start) / (step - start_step) * (total_steps - step)
                     session.info("[train] step %d/%d | loss %.4f | lr %.2e | %s tok/s | MFU %.1f%% "
                                  "| eta %.0fs", step, total_steps, metrics["loss"], metrics["lr"],
@@ -255,6 +260,10 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                 session.log(metrics, step)
                 if "tokens_per_s" in metrics:
                     session.flush()
+            if compiling:  # tokens/s from the next step on
+                compiling, interval_start, interval_from = False, time.perf_counter(), step
+            else:
+                timed_steps += 1
             if step % t.eval_interval == 0 and step < total_steps:
                 paused = time.perf_counter()
                 scores = validate(step)
@@ -268,8 +277,7 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
                               trial.micro_batch_size)
         test = {"test_loss": nll / n, "test_perplexity": math.exp(nll / n), "test_tokens": n,
                 "train_wall_s": time.perf_counter() - start,
-                **session.efficiency(
-                    flops_per_tok * tokens_per_step * (total_steps - start_step), device)}
+                **session.efficiency(flops_per_tok * tokens_per_step * timed_steps, device)}
         session.log(test, total_steps)
         session.flush()
         session.info("[train] done: val perplexity %.2f, test perplexity %.2f in %.0fs",

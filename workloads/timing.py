@@ -1,4 +1,5 @@
-"""Where a trial's wall time goes: startup, train steps, evaluation, checkpoints, teardown.
+"""Where a trial's wall time goes: startup, compile, train steps, evaluation, checkpoints,
+teardown.
 
 A worker's ``PhaseClock`` adds up the seconds of each phase of its train loop; the final
 checkpoint reports them (``time/<phase>_s``), and the trial's driver, which knows when it handed
@@ -12,15 +13,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-PHASES = ("startup", "train", "eval", "checkpoint")
+PHASES = ("startup", "compile", "train", "eval", "checkpoint")
 
 
 class PhaseClock:
     """Seconds per phase of one worker's train loop.
 
     ``startup``: wall (UNIX) time from ``started_at`` (when the driver handed the trial over;
-    this clock's creation when None) to the first train step (``first_step``); ``train``,
-    ``eval``, ``checkpoint``: the sums of the ``phase(...)`` blocks of that name.
+    this clock's creation when None) to the first train step (``first_step``); ``compile``
+    (the first train step of a compiled model, which compiles it), ``train``, ``eval``,
+    ``checkpoint``: the sums of the ``phase(...)`` blocks of that name.
     """
 
     def __init__(self, started_at: float | None = None) -> None:
@@ -39,7 +41,7 @@ class PhaseClock:
         """Add the wall seconds of the block to phase ``name``.
 
         Raises:
-            KeyError: not one of ``train``, ``eval``, ``checkpoint``.
+            KeyError: not one of ``compile``, ``train``, ``eval``, ``checkpoint``.
         """
         if name not in PHASES[1:]:
             raise KeyError(f"unknown phase {name!r}; known: {', '.join(PHASES[1:])}")

@@ -130,6 +130,7 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         # Where its wall time went: the phases close to the driver's total.
         phases = [m[f"time/{p}_s"] for p in ("startup", "train", "eval", "checkpoint",
                                              "teardown")]
+        assert m["time/compile_s"] == 0  # training.compile: auto compiles on GPUs only
         assert all(s > 0 for s in phases) and sum(phases) == pytest.approx(m["time/total_s"])
         assert m["time/train_s"] < m["train_wall_s"] < m["time/total_s"]
         # MFU over the train steps: the analytic FLOPs of every step over the train phase.

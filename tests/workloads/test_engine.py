@@ -50,6 +50,8 @@ for name, cls, job in [("deepspeed", DeepSpeedSession, job), ("torch", LocalSess
                  "lr": [session.history["lr"][s] for s in range(1, 11)],
                  "test_loss": final["test_loss"],
                  "compiled": made is not None and made.compiled and made.engine.is_compiled,
+                 "compile_s": session.clock.seconds["compile"],
+                 "train_mfu": final["train_mfu"],
                  "graphs": counters["stats"]["unique_graphs"]}
 print("RESULT " + json.dumps(out))
 """
@@ -70,6 +72,9 @@ def test_deepspeed_and_torch_engines_train_alike(tmp_path):
     # trial trains and evaluates to the same numbers (Inductor reorders fp32 sums)
     assert not ds["compiled"] and ds["graphs"] == torch_["graphs"] == 0
     assert compiled["compiled"] and compiled["graphs"] >= 2
+    # its first step compiles: the clock's compile phase, out of the train phase's MFU
+    assert ds["compile_s"] == 0 < compiled["compile_s"]
+    assert compiled["train_mfu"] > 0
     assert compiled["loss"] == pytest.approx(ds["loss"], rel=1e-4)
     assert compiled["test_loss"] == pytest.approx(ds["test_loss"], rel=1e-4)
 

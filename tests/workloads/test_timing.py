@@ -23,8 +23,8 @@ def test_phases_add_up_their_blocks_and_startup_runs_to_the_first_step():
     with pytest.raises(KeyError, match="unknown phase 'startup'"):
         with clock.phase("startup"):
             pass
-    assert set(clock.metrics()) == {"time/startup_s", "time/train_s", "time/eval_s",
-                                    "time/checkpoint_s"}
+    assert set(clock.metrics()) == {"time/startup_s", "time/compile_s", "time/train_s",
+                                    "time/eval_s", "time/checkpoint_s"}
 
 
 def test_teardown_is_the_rest_of_the_total_and_never_negative():
