@@ -13,6 +13,7 @@ from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.registry import get_workload
+from workloads.timing import PHASES
 
 TABLE_ARTIFACT = "akima_optima.json"
 
@@ -116,8 +117,7 @@ def format_time_split(trials: list[dict]) -> str:
     if not trials or total <= 0:
         return "time split: no finished trial has logged one yet"
     parts = ", ".join(f"{name} {seconds.get(f'time/{name}_s', 0.0):,.0f} s"
-                      for name in ("startup", "compile", "train", "eval", "checkpoint",
-                                   "teardown")
+                      for name in (*PHASES, "teardown")
                       if name != "compile" or seconds.get("time/compile_s", 0.0) > 0)
     return (f"time split of {len(trials)} finished trial(s): "
             f"{seconds.get('time/train_s', 0.0) / total:.0%} in train steps ({parts}; "
