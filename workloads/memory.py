@@ -9,15 +9,28 @@ gradients too, stage 3 the weights too.
 Activations are what one micro-batch of b sequences of s tokens keeps for the backward pass, in
 the compute dtype (e bytes), counted per sublayer evaluation (a recursive sublayer, T steps,
 keeps T of them):
-    attention: b s (6 D + c K s) e  (norm, q, k, v, output; and per head a row of s scores:
-               c = 3 on the unfused path, which keeps scores, bias and probabilities; with a
-               fused kernel (``fused_attention``, a GPU's) c = 0 for Llama's causal attention
-               and c = 1 for CEM's, whose ALiBi and shared-diagonal bias is one (b, K, s, s)
-               tensor)
+    attention: b s 6 D e + S  (norm, q, k, v, output; S: the kernel's, ``kernel_bytes``)
     MLP:       b s (3 D + 4 d_mlp) e  (norm, output; gate, up, activation, product)
-    per model: b s D e (embedding) + b s V (e + 8)  (logits, their fp32 copy for the loss and
-               its gradient).
+    per model: b s D e (embedding) + b s V (2 e + 8)  (logits, their fp32 copy for the loss, its
+               gradient, and the logits' own gradient, which the fp32 one lives beside).
+S follows the kernel that runs: on the unfused path (a CPU's) 3 b K s^2 e (scores, bias and
+probabilities per head); with a GPU's fused kernels (``fused_attention``) nothing for Llama's
+causal attention and K s^2 e for its ALiBi mask (one (1, K, s, s) tensor per layer); for CEM's
+FlexAttention kernel, which computes ALiBi and the self/cross bias in the kernel, no scores per
+head, but 4 b s^2 for a shared diagonal's (b, s, s) fp32 scores and, in bf16, 8 b s K d_head for
+the fp32 copies of q and k that the merge with each query's own key keeps (``models.flex``);
+b K s^2 e for CEM's bias on SDPA (a per-head diagonal, or a diagonal with ``energy_exact``),
+3 b K s^2 e on the explicit path of a Newton step.
 No activation checkpointing is counted (the engine uses none).
+
+Against the peaks measured on an H200 (``workloads.bench --preset llama-134m``, batch 8 x 2048,
+bf16 weights and gradients, no optimizer states; README, "On a GPU"), the estimate plus 4 bytes
+per parameter comes to 1.01x for Llama-134M (12,028 MiB measured), 0.99x with ALiBi and with
+CEM's MLP, 0.99x for CEM attention at T = 1 (0.97x with CEM's MLP too) and 1.01x for CEM-134M at
+T = 2 (22,945 MiB). Before it followed the kernels (CEM's bias counted as one (b, K, s, s)
+tensor, the logits' gradient left out), 0.93x for Llama and 1.49-1.53x for every CEM attention.
+Compiled (``training.compile``, on by default on GPUs) the same steps peaked lower, 7,261 MiB
+and 14,421 MiB: there the estimate is an upper bound.
 """
 
 from __future__ import annotations
@@ -60,12 +73,31 @@ def activation_bytes(model: ModelConfig, micro_batch_size: int, precision: str,
     """
     e = {"bf16": 2, "fp32": 4}[precision]
     tokens = micro_batch_size * model.context_length
-    rows = 3 if not fused_attention else (1 if model.attention == "cem" else 0)
-    attention = (6 * model.d_model + rows * model.n_head * model.context_length) * e
-    mlp = (3 * model.d_model + 4 * model.d_mlp) * e
+    attention = tokens * 6 * model.d_model * e + kernel_bytes(model, micro_batch_size, e,
+                                                              fused_attention)
+    mlp = tokens * (3 * model.d_model + 4 * model.d_mlp) * e
     per_layer = model.attn_steps * attention + model.mlp_steps * mlp
-    return tokens * (model.n_layer * per_layer + model.d_model * e
-                     + model.vocab_size * (e + 8))
+    return model.n_layer * per_layer + tokens * (model.d_model * e
+                                                 + model.vocab_size * (2 * e + 8))
+
+
+def kernel_bytes(model: ModelConfig, micro_batch_size: int, e: int, fused_attention: bool,
+                 ) -> float:
+    """Bytes one attention evaluation's kernel keeps for the backward pass, at ``e`` bytes per
+    element, beyond its projections: the scores as the kernel keeps them (module docstring; on
+    a GPU CEM takes FlexAttention where ``models.cem.CEMAttention.uses_flex`` does)."""
+    b, s, k = micro_batch_size, model.context_length, model.n_head
+    per_head = b * k * s * s * e
+    if not fused_attention:
+        return 3 * per_head
+    if model.attention == "llama":
+        return k * s * s * e if model.position == "alibi" else 0
+    if model.update == "newton":
+        return 3 * per_head
+    if model.kq_diag == "per_head" or (model.energy_exact and model.kq_diag != "none"):
+        return per_head  # the diagonal as d_model more columns of q, k or v: SDPA
+    merge = 8 * b * s * k * model.d_head if e < 4 else 0  # fp32 copies of q and k
+    return merge + (4 * b * s * s if model.kq_diag == "shared" else 0)
 
 
 def estimate_memory(model: ModelConfig, micro_batch_size: int, zero_stage: int,

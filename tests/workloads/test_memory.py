@@ -1,14 +1,16 @@
 """``workloads.memory``: ZeRO's model-state arithmetic and an activation bound that holds."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from orchestrator.spec import SpecError, load_spec, parse_spec
-from workloads.memory import activation_bytes, estimate_memory
+from workloads.memory import activation_bytes, estimate_memory, kernel_bytes
 from workloads.models import ModelConfig, build_model
+from workloads.models.cem import CEMAttention
 from workloads.models.config import CEM_BEST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +80,20 @@ def test_a_trial_that_cannot_fit_its_gpus_is_refused_in_one_line():
 @pytest.mark.parametrize("name", ["fig2a", "fig2c", "fig3a", "fig4", "appendix-256m"])
 def test_the_paper_specs_fit_80_gib_gpus(name):
     assert load_spec(ROOT / "experiments" / "paper" / f"{name}.yaml").resources.gpu_memory_gb == 80
+
+
+@pytest.mark.parametrize("overrides", [{}, {"kq_diag": "shared"}, {"kq_diag": "per_head"},
+                                       {"energy_exact": True},
+                                       {"energy_exact": True, "update": "newton"}])
+def test_the_gpu_estimate_follows_the_kernel_cem_attention_takes(overrides):
+    """On a GPU CEM attention keeps per-head scores only where it leaves FlexAttention
+    (``uses_flex``, asked about a CUDA input): then at least one (b, K, s, s) bias, else
+    at most a shared diagonal's (b, s, s) fp32 scores and the merge's fp32 q and k."""
+    cfg = ModelConfig.from_preset("llama-134m", attention="cem", **overrides)
+    b, s, k = 2, cfg.context_length, cfg.n_head
+    flex = CEMAttention(cfg).uses_flex(SimpleNamespace(is_cuda=True))
+    kept = kernel_bytes(cfg, b, 2, fused_attention=True)
+    shared = 4 * b * s * s if cfg.kq_diag == "shared" else 0
+    assert kept == (8 * b * s * cfg.d_model + shared if flex else
+                    (3 if cfg.update == "newton" else 1) * b * k * s * s * 2)
+    assert flex == (overrides in ({}, {"kq_diag": "shared"}, {"energy_exact": True}))
