@@ -166,7 +166,7 @@ class LanguageModel(Workload[CorpusConfig, PreparedCorpus]):
 
         def step() -> None:
             logits = net(idx[:, :-1])
-            F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten()).backward()
+            next_token_loss(logits, idx[:, 1:]).backward()
         return step, flops_per_token(model, seq) * micro_batch_size * seq
 
     def train(self, job: Job, session: Session) -> dict[str, float]:
