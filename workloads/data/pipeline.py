@@ -37,15 +37,23 @@ def scan(source: DocumentSource, fn: BatchFn | None = None, fn_kwargs: dict | No
     batch boundaries differ between runs. ``tasks`` caps the parallel Ray tasks of each stage
     (None: as many as Ray schedules, or none for a source small enough to run in this process,
     ``in_process``); ignored without Ray. Stopping early is allowed."""
-    import ray
-
-    if not ray.is_initialized() or (tasks is None and in_process(source)):
+    if not ray_running() or (tasks is None and in_process(source)):
         for part in source.parts():
             for docs in source.read(part):
                 batch = as_batch(docs)
                 yield fn(batch, **(fn_kwargs or {})) if fn else batch
         return
     yield from _ray_scan(source, fn, fn_kwargs or {}, tasks, batch_documents)
+
+
+def ray_running() -> bool:
+    """Whether this process is connected to Ray; False where Ray is not installed (a GPU
+    machine with torch alone runs ``python -m workloads.train``)."""
+    try:
+        import ray
+    except ModuleNotFoundError:
+        return False
+    return ray.is_initialized()
 
 
 def in_process(source: DocumentSource) -> bool:

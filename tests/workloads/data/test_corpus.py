@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -99,6 +100,15 @@ def shard_bytes(corpus) -> dict[str, bytes]:
 def _pids(batch: dict) -> dict:
     """The id of the process that ran the batch, once per document."""
     return {"pid": np.full(len(batch["doc_id"]), os.getpid())}
+
+
+def test_a_pass_runs_in_process_where_ray_is_not_installed(tmp_path, monkeypatch):
+    """A GPU machine with torch alone (``python -m workloads.train``) prepares its corpus here,
+    even when a task count is asked for."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # ``import ray`` raises ModuleNotFoundError
+    source = TextFilesSource(write_corpus(tmp_path / "c", n_docs=3, words_per_doc=100))
+    assert set(np.concatenate([b["pid"] for b in scan(source, _pids, tasks=2)])) == {
+        os.getpid()}
 
 
 @pytest.mark.slow
