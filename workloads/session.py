@@ -8,19 +8,24 @@ The same train loop runs in two sessions:
   ``workloads.checkpoints``); metrics go to the trial's
   MLflow run from rank 0, and the run's ``ray.nodes`` tag lists each rank's
   ``<Ray node id>@<node IP>``.
-- ``LocalSession``: one process, no Ray, no DeepSpeed, no MLflow (``python -m workloads.train``).
-  Nothing is checkpointed; metrics are kept in ``history`` and the loop's log lines are printed.
+- ``LocalSession``: one process, no Ray, no MLflow (``python -m workloads.train``), a plain
+  PyTorch engine; ``LocalDeepSpeedSession``: the same with DeepSpeed's engine, inside a
+  ``one_rank_process_group``. Nothing is checkpointed; metrics are kept in ``history`` and the
+  loop's log lines are printed.
 
-``ray`` and ``deepspeed`` are imported inside ``RaySession`` only.
+``ray`` is imported inside ``RaySession`` only, ``deepspeed`` inside ``DeepSpeedEngine``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -254,8 +259,13 @@ class LocalSession(Session):
         super().__init__(job)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.history: dict[str, dict[int, float]] = {}
+        self.made: Engine | None = None  # the engine ``engine`` built last (its name, for reports)
 
     def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        self.made = self._build(model, backend)
+        return self.made
+
+    def _build(self, model: nn.Module, backend: Backend) -> Engine:
         return TorchEngine(model, self.job.trial, self.device, self.precision)
 
     def restore(self, engine: Engine) -> int:
@@ -276,6 +286,60 @@ class LocalSession(Session):
 
     def log_model(self, model: DecoderLM, tokenizer_json: str) -> None:
         pass  # in-process runs keep no model: nothing here tracks it
+
+
+class LocalDeepSpeedSession(LocalSession):
+    """A ``LocalSession`` whose engine is DeepSpeed's (ZeRO ``training.zero_stage``, compiled as
+    ``training.compile`` says) on this one rank, as a Ray worker of a one-worker trial runs it,
+    for a workload that asks for the ``deepspeed`` backend (the others get the plain engine, as
+    ``RaySession`` gives them DDP): use it inside ``one_rank_process_group``."""
+
+    def _build(self, model: nn.Module, backend: Backend) -> Engine:
+        if backend != "deepspeed":
+            return super()._build(model, backend)
+        return DeepSpeedEngine(model, self.job.trial, self.world_size, self.precision)
+
+
+@contextmanager
+def one_rank_process_group() -> Iterator[None]:
+    """A torch.distributed process group of this process alone (rank 0 of 1) for the block,
+    destroyed after it: NCCL on a GPU (device 0), gloo on a CPU, where DeepSpeed is told to use
+    its CPU accelerator (``DS_ACCELERATOR=cpu``, unless set) as ``run_in_ray`` does. Sets the
+    launcher variables DeepSpeed reads (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) for the block, and puts back what they were.
+
+    Raises:
+        RuntimeError: a process group is already initialised.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("a torch.distributed process group is already initialised")
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # Any free port on 127.0.0.1 serves: the group's one rank is this process, so nothing on
+    # another host has to reach the store (a port taken between here and the bind fails loudly).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)}
+    before = {k: os.environ.get(k) for k in launcher}
+    os.environ.update(launcher)
+    try:
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
+                                **({"device_id": torch.device("cuda", 0)} if cuda else {}))
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def log_model_package(model: DecoderLM, tokenizer_json: str, tracking_uri: str | None,

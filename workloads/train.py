@@ -1,16 +1,22 @@
-"""Run one trial in this process: no Ray, no DeepSpeed, no MLflow server.
+"""Run one trial in this process: no Ray, no MLflow server.
 
     python -m workloads.train --preset nano --steps 50            # a language model, Shakespeare
     python -m workloads.train --spec SPEC.yaml --trial 3          # trial 3 of a spec's plan
     python -m workloads.train --spec SPEC.yaml --trial 3f2a9c1b   # ... or by its trial id
     python -m workloads.train --spec SPEC.yaml --trial 3 --metrics-json m.json  # every metric
+    python -m workloads.train --preset llama-134m --engine deepspeed --zero-stage 1
 
 ``run_in_ray`` is what every Ray Train worker runs; ``run_in_process`` runs the same train loop
 (the workload's own ``Workload.train``) in a ``LocalSession``: a plain PyTorch engine on this
-machine's GPU or CPU. The command prints the loss as it trains, then the validation and test
-metrics. ``--spec`` plans the spec exactly as ``python -m orchestrator plan`` does (``#`` is the
-plan's row, from 0). ``--metrics-json`` also writes every logged metric (``{"trial", "final",
-"history": {name: {step: value}}}``) to a JSON file, written whole or not at all.
+machine's GPU or CPU, or with ``--engine deepspeed`` DeepSpeed's engine on a process group of
+this one process (``LocalDeepSpeedSession``), as a one-worker Ray trial runs it: a GPU machine
+with torch and DeepSpeed but no Ray can run a trial. ``--zero-stage`` and ``--compile`` replace
+the trial's ``training.zero_stage`` and ``training.compile``. The command prints the loss as it
+trains, then the engine, the validation and test metrics, the train metrics (``train_mfu``, the
+last ``tokens_per_s``, ``peak_memory_mib``) and the clock's phases. ``--spec`` plans the spec
+exactly as ``python -m orchestrator plan`` does (``#`` is the plan's row, from 0).
+``--metrics-json`` also writes every logged metric (``{"trial", "final", "history": {name:
+{step: value}}}``) to a JSON file, written whole or not at all.
 """
 
 from __future__ import annotations
@@ -31,7 +37,12 @@ from workloads.config import ResourcesConfig, TrainingConfig
 from workloads.data import CorpusConfig
 from workloads.models import PRESETS, ModelConfig
 from workloads.registry import get_workload
-from workloads.session import LocalSession, RaySession
+from workloads.session import (
+    LocalDeepSpeedSession,
+    LocalSession,
+    RaySession,
+    one_rank_process_group,
+)
 from workloads.settings import Paths
 
 
@@ -48,11 +59,17 @@ def run_in_ray(job: Job) -> None:
     session.close()
 
 
-def run_in_process(job: Job) -> tuple[dict[str, float], LocalSession]:
-    """Train ``job`` in this process (``LocalSession``); returns its final metrics and the
-    session (whose ``history`` has every logged metric)."""
-    session = LocalSession(job)
-    return get_workload(job.trial.workload).train(job, session), session
+def run_in_process(job: Job, engine: str = "torch") -> tuple[dict[str, float], LocalSession]:
+    """Train ``job`` in this process with a plain PyTorch ``engine`` (``LocalSession``) or
+    DeepSpeed's (``deepspeed``: ``LocalDeepSpeedSession``, inside a ``one_rank_process_group``
+    that is gone when this returns); returns its final metrics and the session (whose
+    ``history`` has every logged metric, ``made`` the engine)."""
+    if engine == "torch":
+        session = LocalSession(job)
+        return get_workload(job.trial.workload).train(job, session), session
+    with one_rank_process_group():
+        session = LocalDeepSpeedSession(job)
+        return get_workload(job.trial.workload).train(job, session), session
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus", default=None,
                         help="a glob of text files (default: the embedded Shakespeare)")
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="fp32")
+    parser.add_argument("--engine", choices=["torch", "deepspeed"], default="torch",
+                        help="plain PyTorch, or DeepSpeed ZeRO on a one-process group (what a "
+                        "Ray worker runs)")
+    parser.add_argument("--zero-stage", type=int, choices=[0, 1, 2, 3],
+                        help="DeepSpeed's ZeRO stage (default: the trial's)")
+    parser.add_argument("--compile", choices=["auto", "true", "false"],
+                        help="torch.compile the model and loss; auto: on a GPU at ZeRO 0-2 "
+                        "(default: the trial's)")
     parser.add_argument("--metrics-json", metavar="PATH",
                         help="also write every logged metric (and the final ones) to PATH")
     return parser
@@ -162,6 +187,33 @@ def with_steps(job: Job, steps: int) -> Job:
     return dataclasses.replace(job, trial=dataclasses.replace(trial, budget=budget))
 
 
+def with_engine_options(job: Job, zero_stage: int | None, compiles: str | None) -> Job:
+    """``job`` with ``training.zero_stage`` and ``training.compile`` replaced where given
+    (``compiles``: ``auto``, ``true`` or ``false``); neither is part of a trial's identity."""
+    update = {**({"zero_stage": zero_stage} if zero_stage is not None else {}),
+              **({"compile": {"true": True, "false": False}.get(compiles, compiles)}
+                 if compiles is not None else {})}
+    if not update:
+        return job
+    training = TrainingConfig.model_validate({**job.trial.training.model_dump(), **update})
+    return dataclasses.replace(job, trial=dataclasses.replace(job.trial, training=training))
+
+
+def report(final: dict[str, float], session: LocalSession) -> list[list[str]]:
+    """The rows of the final table: the engine, ``final``'s metrics, the last logged
+    ``tokens_per_s`` and the seconds of each of the clock's phases."""
+    def fmt(v: float | int) -> str:
+        return f"{v:,.4f}" if isinstance(v, float) else f"{v:,}"
+
+    rows = [["engine", session.made.name if session.made else "-"]]
+    rows += [[k, fmt(v)] for k, v in final.items()]
+    tokens_per_s = session.history.get("tokens_per_s")
+    if tokens_per_s:
+        rows.append(["tokens_per_s (last logged)", fmt(tokens_per_s[max(tokens_per_s)])])
+    rows += [[k, fmt(v)] for k, v in session.clock.metrics().items()]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.spec and args.trial is None:
@@ -171,18 +223,18 @@ def main(argv: list[str] | None = None) -> int:
     job = spec_trial(args, data_dir) if args.spec else preset_trial(args, data_dir)
     if args.spec and args.steps:
         job = with_steps(job, args.steps)
+    job = with_engine_options(job, args.zero_stage, args.compile)
     t = job.trial
     print(f"{t.label} ({t.workload}, {t.dataset}): {t.steps} steps, {t.tokens:,} "
           f"{get_workload(t.workload).unit}, {t.params['total']:,} parameters, in-process "
-          f"({t.micro_batch_size} per micro-batch x {t.grad_accum} accumulated per step)",
-          flush=True)
-    final, session = run_in_process(job)
+          f"({t.micro_batch_size} per micro-batch x {t.grad_accum} accumulated per step), "
+          f"{args.engine} engine", flush=True)
+    final, session = run_in_process(job, args.engine)
     if args.metrics_json:
         with atomic_path(args.metrics_json) as tmp:
             tmp.write_text(json.dumps({"trial": {"id": t.trial_id, "label": t.label},
                                        "final": final, "history": session.history}))
-    print(tabulate([[k, f"{v:,.4f}" if isinstance(v, float) else f"{v:,}"]
-                    for k, v in final.items()], headers=["metric", "value"],
+    print(tabulate(report(final, session), headers=["metric", "value"],
                    colalign=("left", "right"), disable_numparse=True))
     return 0
 

@@ -1,9 +1,12 @@
-"""The two engines behind the train loop agree: DeepSpeed ZeRO (what the Ray workers run) and
-plain PyTorch (what ``python -m workloads.train`` runs) give the same losses for the same trial,
-and so does the DeepSpeed engine compiled (``training.compile``)."""
+"""The two engines behind the train loop agree: DeepSpeed ZeRO (what the Ray workers run, and
+``python -m workloads.train --engine deepspeed``) and plain PyTorch (``python -m workloads.train``)
+give the same losses for the same trial, and so does the DeepSpeed engine compiled
+(``training.compile``)."""
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,48 +14,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # gloo and DeepSpeed's CPU accelerator
 
-# One rank, fp32: the language-model loop with a DeepSpeed engine, with a torch engine, then
-# with the DeepSpeed engine compiled.
+# One rank on the CPU, fp32: the language-model loop with a DeepSpeed engine, with a torch
+# engine, then with the DeepSpeed engine compiled.
 SCRIPT = """
-import dataclasses, json, os, socket, sys
-os.environ.update(DS_ACCELERATOR="cpu", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
-import torch.distributed as dist
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+import dataclasses, json, sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from tests.conftest import write_corpus
 from tests.workloads.test_language_model import nano_job
 from workloads.registry import get_workload
-from workloads.engine import DeepSpeedEngine
-from workloads.session import LocalSession
+from workloads.session import LocalDeepSpeedSession, LocalSession, one_rank_process_group
 
 from torch._dynamo.utils import counters
-
-class DeepSpeedSession(LocalSession):
-    def engine(self, model, backend):
-        self.made = DeepSpeedEngine(model, self.job.trial, 1, self.precision)
-        return self.made
 
 tmp = Path(sys.argv[2])
 job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10)
 training = job.trial.training.model_copy(update={"compile": True})
 compiled = dataclasses.replace(job, trial=dataclasses.replace(job.trial, training=training))
 out = {}
-for name, cls, job in [("deepspeed", DeepSpeedSession, job), ("torch", LocalSession, job),
-                       ("compiled", DeepSpeedSession, compiled)]:
-    session = cls(job)
-    final = get_workload(job.trial.workload).train(job, session)
-    made = getattr(session, "made", None)
-    out[name] = {"loss": [session.history["loss"][s] for s in range(1, 11)],
-                 "lr": [session.history["lr"][s] for s in range(1, 11)],
-                 "test_loss": final["test_loss"],
-                 "compiled": made is not None and made.compiled and made.engine.is_compiled,
-                 "compile_s": session.clock.seconds["compile"],
-                 "train_mfu": final["train_mfu"],
-                 "graphs": counters["stats"]["unique_graphs"]}
+with one_rank_process_group():
+    for name, cls, job in [("deepspeed", LocalDeepSpeedSession, job),
+                           ("torch", LocalSession, job),
+                           ("compiled", LocalDeepSpeedSession, compiled)]:
+        session = cls(job)
+        final = get_workload(job.trial.workload).train(job, session)
+        made = session.made
+        out[name] = {"loss": [session.history["loss"][s] for s in range(1, 11)],
+                     "lr": [session.history["lr"][s] for s in range(1, 11)],
+                     "test_loss": final["test_loss"],
+                     "compiled": made.compiled and made.engine.is_compiled,
+                     "compile_s": session.clock.seconds["compile"],
+                     "train_mfu": final["train_mfu"],
+                     "graphs": counters["stats"]["unique_graphs"]}
 print("RESULT " + json.dumps(out))
 """
 
@@ -60,7 +55,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 def test_deepspeed_and_torch_engines_train_alike(tmp_path):
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT), str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=CPU_ONLY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT ", 1)[1])
     ds, torch_, compiled = out["deepspeed"], out["torch"], out["compiled"]
@@ -77,6 +72,27 @@ def test_deepspeed_and_torch_engines_train_alike(tmp_path):
     assert compiled["train_mfu"] > 0
     assert compiled["loss"] == pytest.approx(ds["loss"], rel=1e-4)
     assert compiled["test_loss"] == pytest.approx(ds["test_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_train_command_runs_a_trial_through_deepspeed(tmp_path):
+    """``python -m workloads.train --engine deepspeed``: the trial trains in a one-process group
+    through DeepSpeed ZeRO-1 (named in the log and the final table) to a finite loss."""
+    from tests.conftest import write_corpus
+
+    corpus = write_corpus(tmp_path / "corpus")
+    proc = subprocess.run(
+        [sys.executable, "-m", "workloads.train", "--preset", "nano", "--steps", "3",
+         "--engine", "deepspeed", "--zero-stage", "1", "--corpus", corpus], cwd=ROOT,
+        capture_output=True, text=True, timeout=600,
+        env={**CPU_ONLY, "CEMLAB_HOME": str(tmp_path / "home")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert re.search(r"^engine +DeepSpeed ZeRO-1$", proc.stdout, re.M), proc.stdout
+    losses = [float(x) for x in re.findall(r"step \d+/3 \| loss (\S+)", log)]
+    assert losses and all(math.isfinite(x) for x in losses), log[-3000:]
+    test_loss = float(re.search(r"^test_loss +(\S+)$", proc.stdout, re.M)[1])
+    assert math.isfinite(test_loss)
 
 
 def test_the_cpu_comm_op_is_built_into_the_extension_cache_before_any_trial():

@@ -87,6 +87,28 @@ def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, 
     assert final["peak_memory_mib"] > 100  # the interpreter with torch loaded, at least
 
 
+def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
+    """``--zero-stage`` and ``--compile`` replace ``training.zero_stage``/``training.compile``
+    of the trial (a preset's or a spec's), and only where given."""
+    from orchestrator.plan import plan
+    from orchestrator.spec import parse_spec
+    from workloads.base import Job
+    from workloads.train import _parser, with_engine_options
+
+    spec = parse_spec({"name": "gp-one", "workload": "gp_regression", "sizes": ["gp-small"],
+                       "variants": {"t1": {"mlp_steps": 1}}, "learning_rates": [0.004],
+                       "training": {"zero_stage": 2, "compile": "auto"}})
+    job = Job(plan(spec)[0])
+    args = _parser().parse_args(["--spec", "s.yaml", "--trial", "0", "--zero-stage", "3",
+                                 "--compile", "false"])
+    replaced = with_engine_options(job, args.zero_stage, args.compile).trial.training
+    assert (replaced.zero_stage, replaced.compile) == (3, False)
+    assert with_engine_options(job, None, "true").trial.training.compile is True
+    assert with_engine_options(job, 0, None).trial.training.compile == "auto"
+    assert with_engine_options(job, None, None) is job
+    assert _parser().parse_args(["--preset", "nano"]).engine == "torch"
+
+
 def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path, train_here):
     spec = {"name": "gp-one", "workload": "gp_regression",
             "gp": {"kernels": ["rbf"], "n_train": 256, "n_val": 32, "n_test": 64, "steps": 40},
