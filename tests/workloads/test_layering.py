@@ -3,7 +3,6 @@ module level, so models and the in-process trainer run with torch alone. The MLf
 a registered model (``workloads.serving``, ``workloads.serving_model``) is MLflow's by nature:
 it may import mlflow, and nothing else of those."""
 
-import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -28,8 +27,6 @@ def imported(modules: list[str], banned: set[str]) -> str:
 
 def test_no_workloads_module_pulls_in_ray_deepspeed_mlflow_or_the_orchestrator():
     modules = [m.name for m in pkgutil.walk_packages(workloads.__path__, "workloads.")]
-    if importlib.util.find_spec("triton") is None:  # a GPU kernel, imported only on CUDA
-        modules.remove("workloads.models.shared_scores_triton")
     serving = [m for m in modules if m.startswith("workloads.serving")]
     assert {"workloads.train", "workloads.session", "workloads.language_model",
             "workloads.gp.workload", "workloads.bench"} <= set(modules)

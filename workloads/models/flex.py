@@ -79,76 +79,14 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if shared_scores is not None:
         shared_scores = shared_scores.to(acc)  # its gradient accumulates in fp32 at least
         own = own + shared_scores.diagonal(dim1=-2, dim2=-1)[:, None]
-        read = shared_scores.detach()  # its gradient: _SharedScoresGrad, not atomic adds
 
         def shared_score_mod(score, b, h, q_idx, kv_idx):
-            return score_mod(score, b, h, q_idx, kv_idx) + read[b, q_idx, kv_idx]
+            return score_mod(score, b, h, q_idx, kv_idx) + shared_scores[b, q_idx, kv_idx]
 
     attend = _compiled_flex_attention() if q.is_cuda else flex_attention
     before, aux = attend(q, k, v, score_mod=score_mod if shared_scores is None
                          else shared_score_mod, scale=scale, return_aux=AuxRequest(lse=True),
                          block_mask=strictly_causal_block_mask(q.shape[-2], q.device))
-    lse_before = aux.lse
-    if shared_scores is not None:
-        before, lse_before = _SharedScoresGrad.apply(before, lse_before, shared_scores, q, k, v,
-                                                     slopes, scale)
-    lse = torch.logaddexp(lse_before, own)
-    out = (lse_before - lse).exp()[..., None] * before + (own - lse).exp()[..., None] * v
+    lse = torch.logaddexp(aux.lse, own)
+    out = (aux.lse - lse).exp()[..., None] * before + (own - lse).exp()[..., None] * v
     return out.to(v.dtype)
-
-
-class _SharedScoresGrad(torch.autograd.Function):
-    """The identity on the kernel's (o', l'), whose backward gives the shared scores c (which the
-    kernel read detached) their gradient, ``shared_score_grad`` of the incoming dO' and dl'.
-    q, k, v and the slopes are only read (their gradients flow through the kernel)."""
-
-    @staticmethod
-    def forward(ctx, before, lse, shared_scores, q, k, v, slopes, scale):
-        ctx.save_for_backward(before, lse, shared_scores, q, k, v, slopes)
-        ctx.scale = scale
-        return before.view_as(before), lse.view_as(lse)
-
-    @staticmethod
-    def backward(ctx, d_before, d_lse):
-        before, lse, shared_scores, q, k, v, slopes = ctx.saved_tensors
-        acc = shared_scores.dtype
-        delta = (d_before.to(acc) * before.to(acc)).sum(-1) - d_lse.to(acc)
-        grad = shared_score_grad(q, k, v, d_before.to(v.dtype), lse.to(acc), delta, slopes,
-                                 shared_scores, ctx.scale)
-        return d_before, d_lse, grad, None, None, None, None, None
-
-
-def _tiles(width: int) -> bool:
-    return width >= 16 and width & (width - 1) == 0
-
-
-def shared_score_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out: torch.Tensor,
-                      lse: torch.Tensor, delta: torch.Tensor, slopes: torch.Tensor,
-                      shared_scores: torch.Tensor, scale: float) -> torch.Tensor:
-    """The gradient of the loss in the shared scores c_ij, from every head k of the kernel:
-    G_ij = sum_k p_ijk (dO'_ik · v_jk - delta_ik) for j < i, 0 for j >= i, with the kernel's
-    p_ijk = exp(scale q_ikᵀ k_jk - m_k (i - j) + c_ij - l'_ik) and delta_ik = dO'_ik · o'_ik
-    - dl'_ik (the softmax backward, with the gradient dl' that its log-sum-exp receives).
-
-    ``q``, ``k`` (B, K, T, E), ``v``, ``d_out`` (B, K, T, Ev); ``lse`` l', ``delta`` (B, K, T);
-    ``slopes`` (K,); ``shared_scores`` (B, T, T) -> (B, T, T) in ``shared_scores``' dtype.
-    On a GPU with E and Ev powers of two from 16, one Triton kernel that keeps the heads' sum in
-    registers (``models.shared_scores_triton``); otherwise written out in torch, with (B, K, T, T)
-    intermediates.
-    """
-    if q.is_cuda and _tiles(q.shape[-1]) and _tiles(v.shape[-1]):
-        from workloads.models.shared_scores_triton import shared_score_grad as kernel
-
-        rows = [x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, d_out)]
-        return kernel(*rows, lse.float(), delta.float(), slopes, shared_scores.float(),
-                      scale).to(shared_scores.dtype)
-    acc = shared_scores.dtype
-    t = q.shape[-2]
-    i = torch.arange(t, device=q.device)
-    scores = (scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))
-              - slopes.to(acc)[:, None, None] * (i[:, None] - i[None, :]).to(acc)
-              + shared_scores[:, None])
-    before = i[None, :] < i[:, None]
-    p = torch.where(before, (scores - lse[..., None]).exp(), 0)
-    dp = d_out.to(acc) @ v.to(acc).transpose(-1, -2)
-    return (p * (dp - delta[..., None])).sum(1)

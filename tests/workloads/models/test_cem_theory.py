@@ -294,10 +294,9 @@ def test_flexattention_is_taken_only_where_it_can_train(monkeypatch):
 def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatch):
     """``kernel = "auto"`` trains with compiled FlexAttention on CUDA: in fp32 it equals the
     explicit path to 1e-4 of each tensor's scale (outputs and every gradient; the shared
-    diagonal's scores get theirs from the Triton kernel of ``models.shared_scores_triton``),
-    also with the whole layer compiled (as a compiled trial runs it), and it runs in bf16. (In
-    bf16 this random layer is ill-conditioned: SDPA and FlexAttention both sit 13-17 % of the
-    scale from fp32, measured with the eager kernels on a CPU.)"""
+    diagonal's scores get theirs as atomic adds from every head, in no fixed order), and it
+    runs in bf16. (In bf16 this random layer is ill-conditioned: SDPA and FlexAttention both
+    sit 13-17 % of the scale from fp32, measured with the eager kernels on a CPU.)"""
     layer = make(CEMAttention, seed=5, attention="cem", n_head=4, d_model=64,
                  context_length=128, kq_diag=diag, attn_steps=2,
                  attn_preconditioner="diag_lowrank").cuda().float()
@@ -307,11 +306,9 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
         assert not layer.uses_flex(h)  # evaluation and generation keep SDPA
     reference = [t.detach().clone() for t in
                  _outputs_and_gradients(layer, h, "explicit", monkeypatch)]
-    flex = [t.detach().clone() for t in _outputs_and_gradients(layer, h, "auto", monkeypatch)]
-    compiled = _outputs_and_gradients(torch.compile(layer), h, "auto", monkeypatch)
-    for result in (flex, compiled):
-        for a, b in zip(result, reference, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+    flex = _outputs_and_gradients(layer, h, "auto", monkeypatch)
+    for a, b in zip(flex, reference, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
     bf16 = _outputs_and_gradients(layer.bfloat16(), h.bfloat16(), "auto", monkeypatch)
     assert all(torch.isfinite(t).all() for t in bf16)
     for wide in ({"kq_diag": "per_head"}, {"kq_diag": "shared", "energy_exact": True}):
