@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The GPU checks of README "On a GPU" (the compiled-FlexAttention test, then the bench of every
-# variant at llama-134m, eager and compiled), as one run on a lent GPU machine that has torch,
-# Triton, pytest, scipy and tabulate but not this project's environment:
+# The GPU checks of README "On a GPU" as one run on a lent GPU machine that has torch, Triton,
+# pytest, scipy and tabulate but not this project's environment: the compiled-FlexAttention
+# test, the bench of cem-134m and Llama-134M compiled, a trial through DeepSpeed in this process
+# (where deepspeed and pydantic import: README), then the eager bench of every variant:
 #
 #   bash infra/gpu/check.sh [OUT_DIR] [BUDGET_S]    (PRESET=nano for a dry run on a CPU)
 #
 # Each step is its own process with its own time limit, taken from what is left of BUDGET_S
 # (default 420), so a step that hangs or fails costs only itself: a step cut off dumps every
-# thread's stack (faulthandler) into the log, to show where its time went. Logs and each bench's
-# JSON go to OUT_DIR (default $OUT, else ./gpu-check); a summary table ends the output.
+# thread's stack (faulthandler) into the log, to show where its time went. Steps run in order
+# of worth, and one that would get under 30 s is skipped. Logs and each bench's JSON go to
+# OUT_DIR (default $OUT, else ./gpu-check); a summary table ends the output. The trial trains
+# on CORPUS (a glob of text files; default the embedded Shakespeare, which a machine without
+# a network cannot fetch).
 set -u
 out=${1:-${OUT:-gpu-check}}
 budget=${2:-420}
@@ -17,23 +21,23 @@ deadline=$(($(date +%s) + budget))
 log="$out/check.log"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/cemlab-inductor}
 
-step() {  # step NAME LIMIT_S BENCH_ARGS...: one bench run, cut off at LIMIT_S or the budget
-  local name=$1 limit=$2 left
-  shift 2
+step() {  # step NAME LIMIT_S MODULE ARGS...: python -m MODULE ARGS, cut off at LIMIT_S or the budget
+  local name=$1 limit=$2 module=$3 left
+  shift 3
   left=$((deadline - $(date +%s)))
   if [ "$left" -lt 30 ]; then
     echo "== $name: skipped, ${left} s of the budget left" | tee -a "$log"
     return
   fi
   [ "$limit" -gt "$left" ] && limit=$left
-  echo "== $name (limit ${limit} s): python -m workloads.bench $*" | tee -a "$log"
+  echo "== $name (limit ${limit} s): python -m $module $*" | tee -a "$log"
   local began=$(date +%s)
   timeout -s KILL $((limit + 10)) python3 -c "
 import faulthandler, runpy, sys
 faulthandler.dump_traceback_later($limit, exit=True)
-sys.argv = ['workloads.bench'] + sys.argv[1:]
-runpy.run_module('workloads.bench', run_name='__main__')
-" "$@" --json-out "$out/$name.json" >>"$log" 2>&1
+sys.argv = ['$module'] + sys.argv[1:]
+runpy.run_module('$module', run_name='__main__')
+" "$@" >>"$log" 2>&1
   echo "== $name: exit $?, $(($(date +%s) - began)) s" | tee -a "$log"
 }
 
@@ -44,21 +48,34 @@ runpy.run_module('workloads.bench', run_name='__main__')
 } 2>&1 | tee -a "$log"
 
 left=$((deadline - $(date +%s)))
-echo "== compiled FlexAttention against the explicit path (limit 120 s)" | tee -a "$log"
-timeout -s KILL $((left < 120 ? left : 120)) python3 -m pytest -q -p no:cacheprovider \
+echo "== compiled FlexAttention against the explicit path (limit 150 s)" | tee -a "$log"
+timeout -s KILL $((left < 150 ? left : 150)) python3 -m pytest -q -p no:cacheprovider \
   tests/workloads/models/test_cem_theory.py -k compiled_flex >>"$log" 2>&1
 echo "== test: exit $?" | tee -a "$log"
 
 bench=(--preset "${PRESET:-llama-134m}" --precision bf16 --rounds 1 --seconds 3)
-step eager 200 "${bench[@]}"
-step llama-compiled 90 "${bench[@]}" --variants llama --compile
-step cem-134m-compiled 150 "${bench[@]}" --variants "cem-best T=2" --compile
+step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile \
+  --json-out "$out/cem-134m-compiled.json"
+step llama-compiled 90 workloads.bench "${bench[@]}" --variants llama --compile \
+  --json-out "$out/llama-compiled.json"
+if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
+  corpus=()
+  [ -n "${CORPUS:-}" ] && corpus=(--corpus "$CORPUS")
+  step trial-deepspeed 150 workloads.train --preset "${PRESET:-llama-134m}" --engine deepspeed \
+    --zero-stage 1 --compile true --precision bf16 --batch-size 8 --steps 40 "${corpus[@]}" \
+    --metrics-json "$out/trial-deepspeed-metrics.json"
+else
+  echo "== trial-deepspeed: skipped, deepspeed or pydantic does not import" | tee -a "$log"
+fi
+step eager 200 workloads.bench "${bench[@]}" --json-out "$out/eager.json"
 
 python3 - "$out" <<'EOF'
 import json, pathlib, sys
 from tabulate import tabulate
 rows = []
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    if path.stem.endswith("-metrics"):
+        continue
     for row in json.loads(path.read_text()):
         rows.append({"run": path.stem, "variant": row["variant"], "step_ms": row["step_ms"],
                      "tokens_per_s": row["tokens_per_s"], "TFLOP/s": row["gflops_per_s"] / 1e3,
