@@ -2,7 +2,8 @@
 
     python -m workloads.bench --preset micro [--batch 8] [--seconds 6] [--rounds 3]
                               [--precision fp32] [--cem-kernel auto] [--compile]
-                              [--variants "llama,cem-best T=2"] [--json-out FILE]
+                              [--variants "llama,cem-best T=2"] [--profile N]
+                              [--json-out FILE]
 
 Every variant takes the preset's sizes (vocabulary, d_model, layers, heads, d_mlp, context), so
 ``--preset cem-134m`` and ``--preset llama-134m`` give the same table, whose ``cem-best T=2`` row
@@ -12,8 +13,10 @@ Prints a table (tokens/s, step time relative to Llama, achieved GFLOP/s from the
 ``flops_per_token``, MFU over ``workloads.hardware.peak_flops``, peak memory: the allocator's
 per variant on a GPU, the process's high-water mark so far on a CPU, the first step's seconds:
 the compile with ``--compile``, which runs every variant's model and the loss through
-``torch.compile``) and the same rows as JSON. Targets on CPU: CEM attention at T = 1 no slower
-than 0.9x Llama's step time, the full ``cem-*`` configuration (T = 2) no slower than 1.5x.
+``torch.compile``) and the same rows as JSON; ``--profile N`` adds each variant's N longest
+kernels (operators on a CPU) over 2 profiled steps. Targets on CPU: CEM attention at T = 1 no
+slower than 0.9x Llama's step time, the full ``cem-*`` configuration (T = 2) no slower than
+1.5x.
 """
 
 from __future__ import annotations
@@ -71,11 +74,12 @@ def variant_configs(preset: str, names: list[str] | None = None) -> dict[str, Mo
 
 
 def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
-            precision: str, compiled: bool = False) -> tuple[float, list[float]]:
+            precision: str, compiled: bool = False, profile_top: int = 0
+            ) -> tuple[float, list[float], list[dict]]:
     """The first warm-up step's seconds (it compiles, with ``compiled``: ``torch.compile`` of the
-    whole model and of the loss, fixed shapes), and the seconds of each forward+backward step
-    on (batch, context_length) tokens, timed for about ``seconds`` (at least 3 steps) after 2
-    warm-up steps."""
+    whole model and of the loss, fixed shapes), the seconds of each forward+backward step on
+    (batch, context_length) tokens, timed for about ``seconds`` (at least 3 steps) after 2
+    warm-up steps, and with ``profile_top`` the ``kernel_table`` of 2 more steps (else [])."""
     dtype = DTYPES[precision]
     with device:  # initialised where it runs: 1 s of CPU per 134M model otherwise
         model = build_model(cfg).to(dtype=dtype)
@@ -101,12 +105,33 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return first, times
+    return first, times, kernel_table(step, device, profile_top) if profile_top else []
+
+
+def kernel_table(step, device: torch.device, top: int, steps: int = 2) -> list[dict]:
+    """Where a step's time goes: ``steps`` calls of ``step`` under ``torch.profiler``, and the
+    ``top`` entries by exclusive time, longest first: GPU kernels on a GPU (the device's time),
+    torch operators on a CPU (their own CPU time, without the operators they call). Each is
+    ``{"kernel": name, "ms_per_step", "calls_per_step", "share"}``, ``share`` its part of all
+    the entries' time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    events = [(e.key, e.self_device_time_total if cuda else e.self_cpu_time_total, e.count)
+              for e in prof.key_averages()]
+    events = sorted((e for e in events if e[1] > 0), key=lambda e: -e[1])
+    total = sum(us for _, us, _ in events)
+    return [{"kernel": name, "ms_per_step": us / steps / 1000, "calls_per_step": count / steps,
+             "share": us / total} for name, us, count in events[:top]]
 
 
 def run(preset: str, batch: int, seconds: float, device: torch.device, precision: str,
-        rounds: int = 3, compiled: bool = False, variants: list[str] | None = None
-        ) -> list[dict]:
+        rounds: int = 3, compiled: bool = False, variants: list[str] | None = None,
+        profile_top: int = 0) -> list[dict]:
     """One row per variant (``variants``: a subset of ``VARIANTS``' names; default all): the
     median step time over ``rounds`` rounds that visit every variant in turn (``seconds`` per
     variant in all), so that a machine's drift does not favour the variant measured first;
@@ -117,12 +142,14 @@ def run(preset: str, batch: int, seconds: float, device: torch.device, precision
     times: dict[str, list[float]] = {name: [] for name in configs}
     memory = dict.fromkeys(configs, 0.0)
     first = dict.fromkeys(configs, 0.0)
+    kernels: dict[str, list[dict]] = {}
     for r in range(rounds):
         for name, cfg in configs.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            first_s, step_s = measure(cfg, batch, seconds / rounds, device, precision,
-                                     compiled)
+            first_s, step_s, kernels[name] = measure(
+                cfg, batch, seconds / rounds, device, precision, compiled,
+                profile_top if r == rounds - 1 else 0)
             print(f"[bench] round {r + 1}/{rounds} {name}: first step {first_s:.1f} s, "
                   f"{len(step_s)} steps, median {1000 * median_high(step_s):.1f} "
                   "ms", file=sys.stderr, flush=True)  # a run cut short still shows its steps
@@ -139,7 +166,8 @@ def run(preset: str, batch: int, seconds: float, device: torch.device, precision
                      "step_time_vs_llama": t / median["llama"] if "llama" in median else None,
                      "gflops_per_s": flops / 1e9, "mfu": flops / peak,
                      "peak_memory_mib": memory[name],
-                     "first_step_s": first[name]})
+                     "first_step_s": first[name],
+                     **({"kernels": kernels[name]} if profile_top else {})})
     return rows
 
 
@@ -161,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",")],
                         help="comma-separated subset of: " + ", ".join(VARIANTS)
                         + " (default: all)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile 2 steps of each variant and print its N longest "
+                        "kernels (GPU) or operators (CPU)")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     try:
@@ -172,14 +203,20 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(args.precision)
     rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds,
-               args.compile, args.variants)
+               args.compile, args.variants, args.profile)
     cfg = ModelConfig.from_preset(args.preset)
     compiled = ", torch.compile" if args.compile else ""
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
           f"context {cfg.context_length}), batch {args.batch}, {precision} on {device_name(device)}"
           f" ({torch.get_num_threads()} threads){compiled}, MFU against "
           f"{peak_flops(device, precision)[1]}")
-    print(tabulate(rows, headers="keys", floatfmt=",.3f", intfmt=","))
+    print(tabulate([{k: v for k, v in row.items() if k != "kernels"} for row in rows],
+                   headers="keys", floatfmt=",.3f", intfmt=","))
+    for row in rows if args.profile else ():
+        print(f"\n{row['variant']}: its {args.profile} longest "
+              f"{'kernels' if device.type == 'cuda' else 'operators'}, of 2 profiled steps")
+        print(tabulate([{**k, "kernel": k["kernel"][:100], "share": f"{100 * k['share']:.1f} %"}
+                        for k in row["kernels"]], headers="keys", floatfmt=",.3f"))
     print(json.dumps(rows))
     if args.json_out:
         with open(args.json_out, "w") as f:

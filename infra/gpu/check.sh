@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of README "On a GPU" as one run on a lent GPU machine that has torch, Triton,
 # pytest, scipy and tabulate but not this project's environment: the compiled-FlexAttention
-# test, the bench of cem-134m and Llama-134M compiled, a trial through DeepSpeed in this process
-# (where deepspeed and pydantic import: README), then the eager bench of every variant:
+# test, the bench of cem-134m and Llama-134M compiled (with their 30 longest kernels), a trial
+# through DeepSpeed in this process (where deepspeed and pydantic import: README), then the
+# eager bench of every variant:
 #
 #   bash infra/gpu/check.sh [OUT_DIR] [BUDGET_S]    (PRESET=nano for a dry run on a CPU)
 #
@@ -54,9 +55,9 @@ timeout -s KILL $((left < 150 ? left : 150)) python3 -m pytest -q -p no:cachepro
 echo "== test: exit $?" | tee -a "$log"
 
 bench=(--preset "${PRESET:-llama-134m}" --precision bf16 --rounds 1 --seconds 3)
-step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile \
+step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile --profile 30 \
   --json-out "$out/cem-134m-compiled.json"
-step llama-compiled 90 workloads.bench "${bench[@]}" --variants llama --compile \
+step llama-compiled 90 workloads.bench "${bench[@]}" --variants llama --compile --profile 30 \
   --json-out "$out/llama-compiled.json"
 if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
   corpus=()

@@ -40,6 +40,29 @@ def test_a_subset_without_llama_has_no_ratio(tmp_path, monkeypatch):
     assert rows[0]["step_time_vs_llama"] is None and rows[0]["tokens_per_s"] > 0
 
 
+def test_the_profile_names_where_a_step_goes(tmp_path, monkeypatch):
+    """``--profile``: the longest operators first, the matrix products among them for Llama at
+    ``nano`` (about half its FLOPs are the projections and the MLP), per-step calls that match
+    the model (forward and backward each call the 2 layers' attention once), shares of one
+    whole."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (row,) = bench.run("nano", 2, 0.01, torch.device("cpu"), "fp32", rounds=1,
+                       variants=["llama"], profile_top=8)
+    kernels = row["kernels"]
+    assert len(kernels) == 8
+    times = [k["ms_per_step"] for k in kernels]
+    assert times == sorted(times, reverse=True) and times[-1] > 0
+    assert "aten::mm" in [k["kernel"] for k in kernels[:3]]
+    assert 0 < sum(k["share"] for k in kernels) <= 1 + 1e-9
+    assert bench.kernel_table(lambda: None, torch.device("cpu"), 5) == []  # nothing ran
+    n_layer = bench.variant_configs("nano", ["llama"])["llama"].n_layer
+    (row,) = bench.run("nano", 2, 0.01, torch.device("cpu"), "fp32", rounds=1,
+                       variants=["llama"], profile_top=100)
+    calls = {k["kernel"]: k["calls_per_step"] for k in row["kernels"]}
+    assert calls["aten::_scaled_dot_product_flash_attention_for_cpu"] == n_layer
+    assert calls["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == n_layer
+
+
 @pytest.mark.slow
 def test_compiled_models_compute_what_eager_ones_do_and_the_bench_compiles_every_variant():
     """``--compile`` times the same function: the compiled full CEM model (T = 2, shared
@@ -70,7 +93,7 @@ def test_compiled_models_compute_what_eager_ones_do_and_the_bench_compiles_every
 
     for compiled, grows in ((False, False), (True, True)):
         graphs = counters["stats"]["unique_graphs"]
-        first_s, times = bench.measure(ModelConfig.from_preset("nano", attention="cem"), 2, 0.01,
+        first_s, times, kernels = bench.measure(ModelConfig.from_preset("nano", attention="cem"), 2, 0.01,
                                        torch.device("cpu"), "fp32", compiled=compiled)
-        assert len(times) >= 3 and first_s > 0
+        assert len(times) >= 3 and first_s > 0 and kernels == []
         assert (counters["stats"]["unique_graphs"] > graphs) == grows
