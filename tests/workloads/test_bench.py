@@ -93,7 +93,8 @@ def test_compiled_models_compute_what_eager_ones_do_and_the_bench_compiles_every
 
     for compiled, grows in ((False, False), (True, True)):
         graphs = counters["stats"]["unique_graphs"]
-        first_s, times, kernels = bench.measure(ModelConfig.from_preset("nano", attention="cem"), 2, 0.01,
-                                       torch.device("cpu"), "fp32", compiled=compiled)
+        first_s, times, kernels = bench.measure(
+            ModelConfig.from_preset("nano", attention="cem"), 2, 0.01, torch.device("cpu"),
+            "fp32", compiled=compiled)
         assert len(times) >= 3 and first_s > 0 and kernels == []
         assert (counters["stats"]["unique_graphs"] > graphs) == grows
