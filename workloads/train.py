@@ -22,6 +22,7 @@ exactly as ``python -m orchestrator plan`` does (``#`` is the plan's row, from 0
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -64,11 +65,9 @@ def run_in_process(job: Job, engine: str = "torch") -> tuple[dict[str, float], L
     DeepSpeed's (``deepspeed``: ``LocalDeepSpeedSession``, inside a ``one_rank_process_group``
     that is gone when this returns); returns its final metrics and the session (whose
     ``history`` has every logged metric, ``made`` the engine)."""
-    if engine == "torch":
-        session = LocalSession(job)
-        return get_workload(job.trial.workload).train(job, session), session
-    with one_rank_process_group():
-        session = LocalDeepSpeedSession(job)
+    deepspeed = engine == "deepspeed"
+    with one_rank_process_group() if deepspeed else contextlib.nullcontext():
+        session = (LocalDeepSpeedSession if deepspeed else LocalSession)(job)
         return get_workload(job.trial.workload).train(job, session), session
 
 

@@ -55,8 +55,8 @@ timeout -s KILL $((left < 150 ? left : 150)) python3 -m pytest -q -p no:cachepro
 echo "== test: exit $?" | tee -a "$log"
 
 bench=(--preset "${PRESET:-llama-134m}" --precision bf16 --rounds 1 --seconds 3)
-step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile --profile 30 \
-  --json-out "$out/cem-134m-compiled.json"
+step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile \
+  --profile 30 --json-out "$out/cem-134m-compiled.json"
 step llama-compiled 90 workloads.bench "${bench[@]}" --variants llama --compile --profile 30 \
   --json-out "$out/llama-compiled.json"
 if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
