@@ -137,7 +137,7 @@ def run(preset: str, batch: int, seconds: float, device: torch.device, precision
     variant in all), so that a machine's drift does not favour the variant measured first;
     ``first_step_s``, the longest first step of a round (with ``compiled``, the compile: every
     variant is compiled alike); ``step_time_vs_llama`` is None where Llama was not measured."""
-    peak = peak_flops(device, precision)[0]
+    peak = peak_flops(device, precision, remeasure=True)[0]  # a slow first measurement rises
     configs = variant_configs(preset, variants)
     times: dict[str, list[float]] = {name: [] for name in configs}
     memory = dict.fromkeys(configs, 0.0)

@@ -43,6 +43,11 @@ def test_the_cpu_peak_is_a_matmul_rate_measured_once_per_machine(tmp_path, monke
     assert json.loads(cache.read_text())[key] == flops
     cache.write_text(json.dumps({key: 123.0}))  # read back, not measured again
     assert hardware.peak_flops("cpu", "fp32") == (123.0, source)
+    # Measured again on demand, the higher of the two stays: here the new measurement.
+    again, _ = hardware.peak_flops("cpu", "fp32", remeasure=True)
+    assert again > 1e6 and json.loads(cache.read_text())[key] == again
+    cache.write_text(json.dumps({key: 1e18}))  # a peak no CPU here beats stays
+    assert hardware.peak_flops("cpu", "fp32", remeasure=True) == (1e18, source)
     with pytest.raises(KeyError):
         hardware.peak_flops("cpu", "fp16")
 
