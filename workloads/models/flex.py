@@ -61,7 +61,9 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     reads is an atomic add from every score, and b_self - b_cross read there took 370 ms per
     layer at ``llama-134m`` on an H200 (8 x 12 x 2048² / 2 adds onto 12 bf16 values), against
     49 ms for Llama-134M's whole step. c_ij's gradient is still such an add, 12-fold per entry,
-    into fp32.
+    into fp32 (torch accumulates a ``score_mod`` tensor's gradient in fp32 and then casts it to
+    the tensor's dtype). The kernel reads c_ij in its own dtype: bf16 when training in bf16, as
+    the bf16 product that computed it rounded it.
 
     On a GPU, E and Ev should stay near a head's width: the kernel's tiles hold whole rows of
     q, k and v in shared memory, and a diagonal carried as d_model extra columns (832 at
@@ -77,8 +79,10 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     acc = torch.promote_types(q.dtype, torch.float32)  # the merge's dtype: fp32 or fp64
     own = scale * (q.to(acc) * k.to(acc)).sum(-1) + (self_bias - cross_bias).to(acc)  # (B, K, T)
     if shared_scores is not None:
-        shared_scores = shared_scores.to(acc)  # its gradient accumulates in fp32 at least
-        own = own + shared_scores.diagonal(dim1=-2, dim2=-1)[:, None]
+        # Read in its own dtype: in bf16 training it is a bf16 product already, so an fp32 copy
+        # would hold the same values in twice the bytes, which every head reads again (the
+        # compiled kernel accumulates its gradient in fp32 either way, rounded once at the end).
+        own = own + shared_scores.diagonal(dim1=-2, dim2=-1)[:, None].to(acc)
 
         def shared_score_mod(score, b, h, q_idx, kv_idx):
             return score_mod(score, b, h, q_idx, kv_idx) + shared_scores[b, q_idx, kv_idx]

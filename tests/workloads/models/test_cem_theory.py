@@ -22,8 +22,9 @@ from workloads.models.energy import (
     interaction_scores,
     silu_integral,
 )
+from workloads.models.flex import alibi_flex_attention
 from workloads.models.llama import LlamaAttention, LlamaMLP
-from workloads.models.position import alibi_bias, sdpa_mask
+from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask
 from workloads.models.precond import Preconditioner
 
 SHAPES = [(2, 1, 5), (4, 2, 6), (3, 3, 4), (6, 1, 3)]  # (n_head, batch, seq_len); d_head = 4
@@ -314,6 +315,31 @@ def test_compiled_flex_attention_on_a_gpu_matches_the_reference(diag, monkeypatc
     for wide in ({"kq_diag": "per_head"}, {"kq_diag": "shared", "energy_exact": True}):
         # d_model extra columns in q, k or v: SDPA (they overflow the kernel's shared memory)
         assert not make(CEMAttention, seed=5, attention="cem", **wide).cuda().uses_flex(h)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a GPU")
+def test_compiled_flex_reads_bf16_shared_scores_as_their_fp32_copy():
+    """Training in bf16, the shared diagonal's scores c_ij come out of a bf16 product, and the
+    kernel reads them as they are, in half the bytes of an fp32 copy, which each head reads
+    again: the outputs and every gradient (c_ij's accumulated in fp32 from the heads, in no
+    fixed order) are those it gives reading the fp32 copy, which holds the same values."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    b, k, t, e = 2, 4, 256, 64
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+
+    q, key, v, shared = (rand(*s).requires_grad_() for s in [(b, k, t, e)] * 3 + [(b, t, t)])
+    self_bias, cross_bias = (torch.tensor([x], device="cuda").bfloat16().requires_grad_()
+                             for x in (0.5, -0.25))
+    slopes, grad = alibi_slopes(k).cuda(), rand(b, k, t, e)
+    inputs, results = (q, key, v, shared, self_bias, cross_bias), []
+    for scores in (shared, shared.float()):
+        out = alibi_flex_attention(q, key, v, slopes, self_bias, cross_bias, e**-0.5, scores)
+        results.append([out, *torch.autograd.grad(out, inputs, grad)])
+    for bf16_read, fp32_read in zip(*results, strict=True):
+        assert bf16_read.dtype == fp32_read.dtype == torch.bfloat16
+        torch.testing.assert_close(bf16_read, fp32_read)
 
 
 @pytest.mark.parametrize("diag", ["none", "shared"])
