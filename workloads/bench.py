@@ -206,12 +206,17 @@ def main(argv: list[str] | None = None) -> None:
                args.compile, args.variants, args.profile)
     cfg = ModelConfig.from_preset(args.preset)
     compiled = ", torch.compile" if args.compile else ""
+    peak, source = peak_flops(device, precision)
     print(f"forward+backward, preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layer} layers, "
           f"context {cfg.context_length}), batch {args.batch}, {precision} on {device_name(device)}"
-          f" ({torch.get_num_threads()} threads){compiled}, MFU against "
-          f"{peak_flops(device, precision)[1]}")
+          f" ({torch.get_num_threads()} threads){compiled}, MFU against {peak / 1e9:,.0f} "
+          f"GFLOP/s ({source})")
     print(tabulate([{k: v for k, v in row.items() if k != "kernels"} for row in rows],
                    headers="keys", floatfmt=",.3f", intfmt=","))
+    if any(row["mfu"] > 1 for row in rows):
+        print("MFU above 100 %: the peak was measured in a slower moment than these steps ran "
+              "(a shared machine); each bench run measures it again and keeps the higher",
+              file=sys.stderr)
     for row in rows if args.profile else ():
         print(f"\n{row['variant']}: its {args.profile} longest "
               f"{'kernels' if device.type == 'cuda' else 'operators'}, of 2 profiled steps")
