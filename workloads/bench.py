@@ -42,6 +42,7 @@ from workloads.models import (
 from workloads.models.cem import CEMAttention
 from workloads.models.config import CEM_BEST
 from workloads.optim import resolve_precision
+from workloads.timing import format_kernels, kernel_rows
 
 VARIANTS: dict[str, dict] = {
     "llama": {},
@@ -109,11 +110,9 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
 
 
 def kernel_table(step, device: torch.device, top: int, steps: int = 2) -> list[dict]:
-    """Where a step's time goes: ``steps`` calls of ``step`` under ``torch.profiler``, and the
-    ``top`` entries by exclusive time, longest first: GPU kernels on a GPU (the device's time),
-    torch operators on a CPU (their own CPU time, without the operators they call). Each is
-    ``{"kernel": name, "ms_per_step", "calls_per_step", "share"}``, ``share`` its part of all
-    the entries' time."""
+    """Where a step's time goes: ``steps`` calls of ``step`` under ``torch.profiler``, and its
+    ``top`` longest GPU kernels (on a GPU) or torch operators (on a CPU), as
+    ``workloads.timing.kernel_rows``."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -121,12 +120,7 @@ def kernel_table(step, device: torch.device, top: int, steps: int = 2) -> list[d
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-    events = [(e.key, e.self_device_time_total if cuda else e.self_cpu_time_total, e.count)
-              for e in prof.key_averages()]
-    events = sorted((e for e in events if e[1] > 0), key=lambda e: -e[1])
-    total = sum(us for _, us, _ in events)
-    return [{"kernel": name, "ms_per_step": us / steps / 1000, "calls_per_step": count / steps,
-             "share": us / total} for name, us, count in events[:top]]
+    return kernel_rows([prof], cuda, top, steps)
 
 
 def run(preset: str, batch: int, seconds: float, device: torch.device, precision: str,
@@ -220,8 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows if args.profile else ():
         print(f"\n{row['variant']}: its {args.profile} longest "
               f"{'kernels' if device.type == 'cuda' else 'operators'}, of 2 profiled steps")
-        print(tabulate([{**k, "kernel": k["kernel"][:100], "share": f"{100 * k['share']:.1f} %"}
-                        for k in row["kernels"]], headers="keys", floatfmt=",.3f"))
+        print(format_kernels(row["kernels"]))
     print(json.dumps(rows))
     if args.json_out:
         with open(args.json_out, "w") as f:

@@ -5,6 +5,7 @@
     python -m workloads.train --spec SPEC.yaml --trial 3f2a9c1b   # ... or by its trial id
     python -m workloads.train --spec SPEC.yaml --trial 3 --metrics-json m.json  # every metric
     python -m workloads.train --preset llama-134m --engine deepspeed --zero-stage 1
+    python -m workloads.train --preset micro --engine deepspeed --profile 20  # a step's kernels
 
 ``run_in_ray`` is what every Ray Train worker runs; ``run_in_process`` runs the same train loop
 (the workload's own ``Workload.train``) in a ``LocalSession``: a plain PyTorch engine on this
@@ -16,7 +17,11 @@ trains, then the engine, the validation and test metrics, the train metrics (``t
 last ``tokens_per_s``, ``peak_memory_mib``) and the clock's phases. ``--spec`` plans the spec
 exactly as ``python -m orchestrator plan`` does (``#`` is the plan's row, from 0).
 ``--metrics-json`` also writes every logged metric (``{"trial", "final", "history": {name:
-{step: value}}}``) to a JSON file, written whole or not at all.
+{step: value}}}``) to a JSON file, written whole or not at all. ``--profile N`` profiles train
+steps 4 and 5 (``timing.ProfiledClock``): the whole step, the optimizer's and the engine's
+work included, where ``workloads.bench`` times the forward and backward alone; it prints their
+wall and busy time per step and the N longest GPU kernels (torch operators on a CPU), and
+adds ``profile`` to the JSON.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from workloads.session import (
     one_rank_process_group,
 )
 from workloads.settings import Paths
+from workloads.timing import ProfiledClock, format_kernels
 
 
 def run_in_ray(job: Job) -> None:
@@ -60,14 +66,19 @@ def run_in_ray(job: Job) -> None:
     session.close()
 
 
-def run_in_process(job: Job, engine: str = "torch") -> tuple[dict[str, float], LocalSession]:
+def run_in_process(job: Job, engine: str = "torch", profile_top: int = 0,
+                   ) -> tuple[dict[str, float], LocalSession]:
     """Train ``job`` in this process with a plain PyTorch ``engine`` (``LocalSession``) or
     DeepSpeed's (``deepspeed``: ``LocalDeepSpeedSession``, inside a ``one_rank_process_group``
     that is gone when this returns); returns its final metrics and the session (whose
-    ``history`` has every logged metric, ``made`` the engine)."""
+    ``history`` has every logged metric, ``made`` the engine). With ``profile_top`` the
+    session's clock is a ``ProfiledClock`` keeping that many kernels of two train steps."""
     deepspeed = engine == "deepspeed"
     with one_rank_process_group() if deepspeed else contextlib.nullcontext():
         session = (LocalDeepSpeedSession if deepspeed else LocalSession)(job)
+        if profile_top:
+            session.clock = ProfiledClock(session.clock.started_at, profile_top,
+                                          cuda=torch.cuda.is_available())
         return get_workload(job.trial.workload).train(job, session), session
 
 
@@ -99,6 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", choices=["auto", "true", "false"],
                         help="torch.compile the model and loss; auto: on a GPU at ZeRO 0-2 "
                         "(default: the trial's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile train steps 4 and 5 and print their N longest GPU kernels "
+                        "(torch operators on a CPU), their wall and busy time per step")
     parser.add_argument("--metrics-json", metavar="PATH",
                         help="also write every logged metric (and the final ones) to PATH")
     return parser
@@ -228,13 +242,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{get_workload(t.workload).unit}, {t.params['total']:,} parameters, in-process "
           f"({t.micro_batch_size} per micro-batch x {t.grad_accum} accumulated per step), "
           f"{args.engine} engine", flush=True)
-    final, session = run_in_process(job, args.engine)
+    final, session = run_in_process(job, args.engine, args.profile)
+    profile = getattr(session.clock, "profile", None)
     if args.metrics_json:
         with atomic_path(args.metrics_json) as tmp:
             tmp.write_text(json.dumps({"trial": {"id": t.trial_id, "label": t.label},
-                                       "final": final, "history": session.history}))
+                                       "final": final, "history": session.history,
+                                       **({"profile": profile} if profile else {})}))
     print(tabulate(report(final, session), headers=["metric", "value"],
                    colalign=("left", "right"), disable_numparse=True))
+    if profile:
+        print(f"\ntrain steps 4-5, profiled: {profile['wall_ms_per_step']:,.1f} ms a step, "
+              f"{profile['busy_ms_per_step']:,.1f} ms of it in "
+              f"{'GPU kernels' if torch.cuda.is_available() else 'torch operators'}; "
+              f"the {args.profile} longest:")
+        print(format_kernels(profile["kernels"]))
+    elif args.profile:
+        print("\nno profile: it needs 5 train steps (6 where the first compiles)")
     return 0
 
 

@@ -2,8 +2,8 @@
 # The GPU checks of README "On a GPU" as one run on a lent GPU machine that has torch, Triton,
 # pytest, scipy and tabulate but not this project's environment: the compiled-FlexAttention
 # test, the bench of cem-134m and Llama-134M compiled (with their 30 longest kernels), a trial
-# through DeepSpeed in this process (where deepspeed and pydantic import: README), then the
-# eager bench of every variant:
+# through DeepSpeed in this process (where deepspeed and pydantic import: README; with the
+# profile of two whole train steps, optimizer included), then the eager bench of every variant:
 #
 #   bash infra/gpu/check.sh [OUT_DIR] [BUDGET_S]    (PRESET=nano for a dry run on a CPU)
 #
@@ -64,7 +64,7 @@ if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
   [ -n "${CORPUS:-}" ] && corpus=(--corpus "$CORPUS")
   step trial-deepspeed 150 workloads.train --preset "${PRESET:-llama-134m}" --engine deepspeed \
     --zero-stage 1 --compile true --precision bf16 --batch-size 8 --steps 40 "${corpus[@]}" \
-    --metrics-json "$out/trial-deepspeed-metrics.json"
+    --profile 30 --metrics-json "$out/trial-deepspeed-metrics.json"
 else
   echo "== trial-deepspeed: skipped, deepspeed or pydantic does not import" | tee -a "$log"
 fi

@@ -87,6 +87,29 @@ def test_a_preset_trains_in_process_and_prints_loss_and_perplexity(corpus_glob, 
     assert final["peak_memory_mib"] > 100  # the interpreter with torch loaded, at least
 
 
+def test_the_profile_splits_a_whole_train_step(corpus_glob, tmp_path, train_here):
+    """``--profile N``: train steps 4 and 5 under the profiler, each alone, so the validation
+    at step 4 (``eval_interval`` 2 of 8 steps) stays out: per step the 2 layers' attention
+    runs forward and backward once each. The table has what the bench leaves out of a step
+    (the optimizer step), the longest entries first, and the operators' own time fits within
+    the steps' wall time."""
+    metrics = tmp_path / "metrics.json"
+    out, _ = train_here("--preset", "nano", "--steps", "8", "--corpus", corpus_glob,
+                        "--profile", "40", "--metrics-json", str(metrics))
+    assert "train steps 4-5, profiled: " in out and "Optimizer.step#AdamW.step" in out
+    profile = json.loads(metrics.read_text())["profile"]
+    calls = {k["kernel"]: k["calls_per_step"] for k in profile["kernels"]}
+    assert calls["aten::_scaled_dot_product_flash_attention_for_cpu"] == 2
+    assert calls["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == 2
+    assert calls["Optimizer.step#AdamW.step"] == 1
+    times = [k["ms_per_step"] for k in profile["kernels"]]
+    assert times == sorted(times, reverse=True) and "aten::mm" in list(calls)[:3]
+    assert 0 < sum(times) <= profile["busy_ms_per_step"] <= profile["wall_ms_per_step"]
+    out, _ = train_here("--preset", "nano", "--steps", "4", "--corpus", corpus_glob,
+                        "--profile", "5")
+    assert "no profile: it needs 5 train steps" in out
+
+
 def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
     """``--zero-stage`` and ``--compile`` replace ``training.zero_stage``/``training.compile``
     of the trial (a preset's or a spec's), and only where given."""
