@@ -80,10 +80,11 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     own = scale * (q.to(acc) * k.to(acc)).sum(-1) + (self_bias - cross_bias).to(acc)  # (B, K, T)
     if shared_scores is not None:
         # Read in its own dtype: in bf16 training it is a bf16 product already, so an fp32 copy
-        # holds the same values in twice the bytes, which every head reads again (compiled, the
-        # kernel accumulates its gradient in fp32 either way). Compiled, Inductor kept the
-        # product's scaling by 1/sqrt(d_head) in fp32 for the copy: exact for d_head 16 or 64,
-        # else now one more bf16 rounding of c_ij, the size of q's and k's own.
+        # holds the same values in twice the bytes, which every head reads again. Compiled, the
+        # kernel accumulates its gradient in fp32 either way and, since torch 2.11, casts it
+        # back to bf16 (before, a compiled backward failed on the mix). Compiled, Inductor kept
+        # the product's scaling by 1/sqrt(d_head) in fp32 for the copy: exact for d_head 16 or
+        # 64, else now one more bf16 rounding of c_ij, the size of q's and k's own.
         own = own + shared_scores.diagonal(dim1=-2, dim2=-1)[:, None].to(acc)
 
         def shared_score_mod(score, b, h, q_idx, kv_idx):
