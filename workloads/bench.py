@@ -42,7 +42,7 @@ from workloads.models import (
 from workloads.models.cem import CEMAttention
 from workloads.models.config import CEM_BEST
 from workloads.optim import resolve_precision
-from workloads.timing import format_kernels, kernel_rows
+from workloads.timing import format_kernels, kernel_rows, profiler
 
 VARIANTS: dict[str, dict] = {
     "llama": {},
@@ -113,11 +113,8 @@ def kernel_table(step, device: torch.device, top: int, steps: int = 2) -> list[d
     """Where a step's time goes: ``steps`` calls of ``step`` under ``torch.profiler``, and its
     ``top`` longest GPU kernels (on a GPU) or torch operators (on a CPU), as
     ``workloads.timing.kernel_rows``."""
-    from torch.profiler import ProfilerActivity, profile
-
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profiler(cuda) as prof:
         for _ in range(steps):
             step()
     return kernel_rows([prof], cuda, top, steps)

@@ -86,9 +86,7 @@ class ProfiledClock(PhaseClock):
             with super().phase(name):
                 yield
             return
-        activities = [torch.profiler.ProfilerActivity.CPU] + (
-            [torch.profiler.ProfilerActivity.CUDA] if self.cuda else [])
-        with torch.profiler.profile(activities=activities) as prof:
+        with profiler(self.cuda) as prof:
             start = time.perf_counter()
             with super().phase(name):
                 yield
@@ -101,6 +99,14 @@ class ProfiledClock(PhaseClock):
             self.profile = {"wall_ms_per_step": 1000 * self._wall / self.steps,
                             "busy_ms_per_step": sum(k["ms_per_step"] for k in everything),
                             "kernels": everything[:self.top]}
+
+
+def profiler(cuda: bool) -> torch.profiler.profile:
+    """A ``torch.profiler.profile`` of the CPU's operators, and with ``cuda`` the GPU's
+    kernels, for ``kernel_rows``."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    return torch.profiler.profile(
+        activities=activities + ([torch.profiler.ProfilerActivity.CUDA] if cuda else []))
 
 
 def kernel_rows(profiles: list[torch.profiler.profile], cuda: bool, top: int | None,

@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({t.micro_batch_size} per micro-batch x {t.grad_accum} accumulated per step), "
           f"{args.engine} engine", flush=True)
     final, session = run_in_process(job, args.engine, args.profile)
-    profile = getattr(session.clock, "profile", None)
+    clock = session.clock
+    profile = getattr(clock, "profile", None)
     if args.metrics_json:
         with atomic_path(args.metrics_json) as tmp:
             tmp.write_text(json.dumps({"trial": {"id": t.trial_id, "label": t.label},
@@ -251,14 +252,14 @@ def main(argv: list[str] | None = None) -> int:
                                        **({"profile": profile} if profile else {})}))
     print(tabulate(report(final, session), headers=["metric", "value"],
                    colalign=("left", "right"), disable_numparse=True))
+    last = clock.skip + clock.steps if args.profile else 0  # the last profiled train step
     if profile:
-        print(f"\ntrain steps 4-5, profiled: {profile['wall_ms_per_step']:,.1f} ms a step, "
-              f"{profile['busy_ms_per_step']:,.1f} ms of it in "
-              f"{'GPU kernels' if torch.cuda.is_available() else 'torch operators'}; "
-              f"the {args.profile} longest:")
-        print(format_kernels(profile["kernels"]))
+        print(f"\ntrain steps {clock.skip + 1}-{last}, profiled: "
+              f"{profile['wall_ms_per_step']:,.1f} ms a step, {profile['busy_ms_per_step']:,.1f}"
+              f" ms of it in {'GPU kernels' if clock.cuda else 'torch operators'}; the "
+              f"{args.profile} longest:\n{format_kernels(profile['kernels'])}")
     elif args.profile:
-        print("\nno profile: it needs 5 train steps (6 where the first compiles)")
+        print(f"\nno profile: it needs {last} train steps ({last + 1} where the first compiles)")
     return 0
 
 
