@@ -17,8 +17,9 @@ S follows the kernel that runs: on the unfused path (a CPU's) 3 b K s^2 e (score
 probabilities per head); with a GPU's fused kernels (``fused_attention``) nothing for Llama's
 causal attention and K s^2 e for its ALiBi mask (one (1, K, s, s) tensor per layer); for CEM's
 FlexAttention kernel, which computes ALiBi and the self/cross bias in the kernel, no scores per
-head, but 4 b s^2 for a shared diagonal's (b, s, s) fp32 scores and, in bf16, 8 b s K d_head for
-the fp32 copies of q and k that the merge with each query's own key keeps (``models.flex``);
+head, but b s^2 e for a shared diagonal's (b, s, s) scores, which it reads in the compute dtype,
+and, in bf16, 8 b s K d_head for the fp32 copies of q and k that the merge with each query's own
+key keeps (``models.flex``);
 b K s^2 e for CEM's bias on SDPA (a per-head diagonal, or a diagonal with ``energy_exact``),
 3 b K s^2 e on the explicit path of a Newton step.
 No activation checkpointing is counted (the engine uses none).
@@ -27,8 +28,11 @@ Against the peaks measured on an H200 (``workloads.bench --preset llama-134m``, 
 bf16 weights and gradients, no optimizer states; README, "On a GPU"), the estimate plus 4 bytes
 per parameter comes to 1.01x for Llama-134M (12,028 MiB measured), 0.99x with ALiBi and with
 CEM's MLP, 0.99x for CEM attention at T = 1 (0.97x with CEM's MLP too) and 1.01x for CEM-134M at
-T = 2 (22,945 MiB). Before it followed the kernels (CEM's bias counted as one (b, K, s, s)
-tensor, the logits' gradient left out), 0.93x for Llama and 1.49-1.53x for every CEM attention.
+T = 2 (22,945 MiB), measured while FlexAttention read an fp32 copy of the shared scores (4 b s^2
+bytes; it now reads them in bf16, which takes 1.5 GiB off CEM-134M's estimate, and should take
+as much off its peak: not yet measured). Before it followed the kernels (CEM's bias counted as
+one (b, K, s, s) tensor, the logits' gradient left out), 0.93x for Llama and 1.49-1.53x for
+every CEM attention.
 Compiled (``training.compile``, on by default on GPUs) the same steps peaked lower, 7,261 MiB
 and 14,421 MiB: there the estimate is an upper bound.
 """
@@ -97,7 +101,7 @@ def kernel_bytes(model: ModelConfig, micro_batch_size: int, e: int, fused_attent
     if model.kq_diag == "per_head" or (model.energy_exact and model.kq_diag != "none"):
         return per_head  # the diagonal as d_model more columns of q, k or v: SDPA
     merge = 8 * b * s * k * model.d_head if e < 4 else 0  # fp32 copies of q and k
-    return merge + (4 * b * s * s if model.kq_diag == "shared" else 0)
+    return merge + (b * s * s * e if model.kq_diag == "shared" else 0)
 
 
 def estimate_memory(model: ModelConfig, micro_batch_size: int, zero_stage: int,

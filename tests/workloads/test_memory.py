@@ -88,12 +88,13 @@ def test_the_paper_specs_fit_80_gib_gpus(name):
 def test_the_gpu_estimate_follows_the_kernel_cem_attention_takes(overrides):
     """On a GPU CEM attention keeps per-head scores only where it leaves FlexAttention
     (``uses_flex``, asked about a CUDA input): then at least one (b, K, s, s) bias, else
-    at most a shared diagonal's (b, s, s) fp32 scores and the merge's fp32 q and k."""
+    at most a shared diagonal's (b, s, s) scores, in the compute dtype (bf16 here), and the
+    merge's fp32 q and k."""
     cfg = ModelConfig.from_preset("llama-134m", attention="cem", **overrides)
     b, s, k = 2, cfg.context_length, cfg.n_head
     flex = CEMAttention(cfg).uses_flex(SimpleNamespace(is_cuda=True))
     kept = kernel_bytes(cfg, b, 2, fused_attention=True)
-    shared = 4 * b * s * s if cfg.kq_diag == "shared" else 0
+    shared = 2 * b * s * s if cfg.kq_diag == "shared" else 0
     assert kept == (8 * b * s * cfg.d_model + shared if flex else
                     (3 if cfg.update == "newton" else 1) * b * k * s * s * 2)
     assert flex == (overrides in ({}, {"kq_diag": "shared"}, {"energy_exact": True}))
