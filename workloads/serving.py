@@ -5,7 +5,8 @@ A package is a directory: ``model.safetensors`` (the weights, in their training 
 Nothing in it is a pickle: loading reads tensors and JSON, and the pyfunc is an MLflow "model
 from code" (``serving_model.py``) whose code, ``workloads.models`` and this module, travels in
 the MLflow model's ``code/`` directory, so ``mlflow.pyfunc.load_model`` needs no checkout of
-CEM Lab, only the pinned requirements (torch, safetensors, tokenizers, pandas, mlflow-skinny).
+CEM Lab, only the pinned requirements (torch, safetensors, tokenizers, pandas, numpy,
+mlflow-skinny).
 
 This module imports nothing of CEM Lab but ``workloads.models``.
 """
