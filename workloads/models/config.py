@@ -207,7 +207,7 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-108m": _paper(672, 12, 12, 1792),
     "llama-134m": _paper(768, 12, 12, 2048),
     "llama-162m": _paper(864, 12, 12, 2304),
-    # The appendix's 256M run: the paper gives no dimensions; these give 256.3M parameters.
+    # The appendix's 256M run: the paper gives no dimensions; these give 256.4M parameters.
     "llama-256m": _paper(1024, 14, 16, 3072),
 }
 PRESETS.update({f"cem-{name.split('-', 1)[1]}": dataclasses.replace(cfg, **CEM_BEST)
