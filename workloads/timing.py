@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import torch
 from tabulate import tabulate
+from torch.autograd import DeviceType
 
 PHASES = ("startup", "compile", "train", "eval", "checkpoint")
 
@@ -113,12 +114,16 @@ def kernel_rows(profiles: list[torch.profiler.profile], cuda: bool, top: int | N
                 steps: int) -> list[dict]:
     """Where ``steps`` steps under the finished ``profiles`` (one profiler, or one per step)
     spent their time: the ``top`` entries (all with None) by exclusive time, longest first: GPU
-    kernels with ``cuda`` (the device's time), torch operators otherwise (their own CPU time,
-    without the operators they call). Each is ``{"kernel": name, "ms_per_step",
-    "calls_per_step", "share"}``, ``share`` its part of all the entries' time."""
+    kernels with ``cuda`` (the device's time; not the operators that launch them, which the
+    profiler also credits with their kernels' time, nor the host-side launch records Inductor's
+    kernels share their names with), torch operators otherwise (their own CPU time, without the
+    operators they call). Each is ``{"kernel": name, "ms_per_step", "calls_per_step",
+    "share"}``, ``share`` its part of all the entries' time."""
     totals: dict[str, list[float]] = {}
     for prof in profiles:
         for e in prof.key_averages():
+            if cuda and e.device_type != DeviceType.CUDA:
+                continue
             entry = totals.setdefault(e.key, [0.0, 0])
             entry[0] += e.self_device_time_total if cuda else e.self_cpu_time_total
             entry[1] += e.count
