@@ -29,8 +29,7 @@ bf16 weights and gradients, no optimizer states; README, "On a GPU"), the estima
 per parameter comes to 1.01x for Llama-134M (12,028 MiB measured), 0.99x with ALiBi and with
 CEM's MLP, 0.99x for CEM attention at T = 1 (0.97x with CEM's MLP too) and 1.01x for CEM-134M at
 T = 2 (22,945 MiB), measured while FlexAttention read an fp32 copy of the shared scores (4 b s^2
-bytes; it now reads them in bf16, which takes 1.5 GiB off CEM-134M's estimate, and should take
-as much off its peak: not yet measured). Before it followed the kernels (CEM's bias counted as
+bytes). Read in bf16, they take 1.5 GiB off both: 21,413 MiB measured on an H100, 1.01x. Before it followed the kernels (CEM's bias counted as
 one (b, K, s, s) tensor, the logits' gradient left out), 0.93x for Llama and 1.49-1.53x for
 every CEM attention.
 Compiled (``training.compile``, on by default on GPUs) the same steps peaked lower, 7,261 MiB

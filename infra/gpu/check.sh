@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU checks of README "On a GPU" as one run on a lent GPU machine that has torch, Triton,
 # pytest, scipy and tabulate but not this project's environment: the compiled-FlexAttention
-# test, the bench of cem-134m and Llama-134M compiled (with their 30 longest kernels), a trial
+# test, one CEM attention kernel call by how it reads the shared scores (bench_attention), the
+# bench of cem-134m and Llama-134M compiled (with their 30 longest kernels), a trial
 # through DeepSpeed in this process (where deepspeed and pydantic import: README; with the
-# profile of two whole train steps, optimizer included), then the eager bench of every variant:
+# profile of two whole train steps, optimizer included), then the eager bench of both models:
 #
 #   bash infra/gpu/check.sh [OUT_DIR] [BUDGET_S]    (PRESET=nano for a dry run on a CPU)
 #
 # Each step is its own process with its own time limit, taken from what is left of BUDGET_S
-# (default 420), so a step that hangs or fails costs only itself: a step cut off dumps every
+# (default 540), so a step that hangs or fails costs only itself: a step cut off dumps every
 # thread's stack (faulthandler) into the log, to show where its time went. Steps run in order
 # of worth, and one that would get under 30 s is skipped. Logs and each bench's JSON go to
 # OUT_DIR (default $OUT, else ./gpu-check); a summary table ends the output. The trial trains
@@ -16,7 +17,7 @@
 # a network cannot fetch).
 set -u
 out=${1:-${OUT:-gpu-check}}
-budget=${2:-420}
+budget=${2:-540}
 mkdir -p "$out"
 deadline=$(($(date +%s) + budget))
 log="$out/check.log"
@@ -54,6 +55,8 @@ timeout -s KILL $((left < 180 ? left : 180)) python3 -m pytest -q -p no:cachepro
   tests/workloads/models/test_cem_theory.py -k compiled_flex >>"$log" 2>&1
 echo "== test: exit $?" | tee -a "$log"
 
+step attention 150 workloads.bench_attention --preset "${PRESET:-llama-134m}" \
+  --json-out "$out/attention.json"
 bench=(--preset "${PRESET:-llama-134m}" --precision bf16 --rounds 1 --seconds 3)
 step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile \
   --profile 30 --json-out "$out/cem-134m-compiled.json"
@@ -68,14 +71,15 @@ if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
 else
   echo "== trial-deepspeed: skipped, deepspeed or pydantic does not import" | tee -a "$log"
 fi
-step eager 200 workloads.bench "${bench[@]}" --json-out "$out/eager.json"
+step eager 120 workloads.bench "${bench[@]}" --variants "llama,cem-best T=2" \
+  --json-out "$out/eager.json"
 
 python3 - "$out" <<'EOF'
 import json, pathlib, sys
 from tabulate import tabulate
 rows = []
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    if path.stem.endswith("-metrics"):
+    if path.stem.endswith("-metrics") or path.stem == "attention":  # not model rows
         continue
     for row in json.loads(path.read_text()):
         rows.append({"run": path.stem, "variant": row["variant"], "step_ms": row["step_ms"],

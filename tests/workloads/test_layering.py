@@ -41,4 +41,5 @@ def test_the_models_and_the_bench_need_torch_and_tabulate_alone():
     the trial stack (an H200 image here had no pydantic): no spec, data or tracking package."""
     stack = {"pydantic", "pydantic_settings", "tokenizers", "pyarrow", "yaml", "sqlalchemy",
              "pandas", "scipy", "ray", "deepspeed", "mlflow", "orchestrator"}
-    assert imported(["workloads.models", "workloads.bench"], stack) == ""
+    assert imported(["workloads.models", "workloads.bench", "workloads.bench_attention"],
+                    stack) == ""

@@ -73,8 +73,12 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Raises:
         NotImplementedError: (torch) on a CPU, when an input requires a gradient.
     """
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score - slopes[h] * (q_idx - kv_idx)
+    # FlexAttention's grid runs one head's query blocks for every batch element, then the next
+    # head. Given the heads as its batch and the batch as its heads (the transposes, views),
+    # the programs in flight are one sequence's heads, which share each tile of c_ij, and the
+    # adds into its gradient, in the L2 cache, instead of each head reading all of c in turn.
+    def score_mod(score, head, batch, q_idx, kv_idx):
+        return score - slopes[head] * (q_idx - kv_idx)
 
     acc = torch.promote_types(q.dtype, torch.float32)  # the merge's dtype: fp32 or fp64
     own = scale * (q.to(acc) * k.to(acc)).sum(-1) + (self_bias - cross_bias).to(acc)  # (B, K, T)
@@ -87,13 +91,16 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # 64, else now one more bf16 rounding of c_ij, the size of q's and k's own.
         own = own + shared_scores.diagonal(dim1=-2, dim2=-1)[:, None].to(acc)
 
-        def shared_score_mod(score, b, h, q_idx, kv_idx):
-            return score_mod(score, b, h, q_idx, kv_idx) + shared_scores[b, q_idx, kv_idx]
+        def shared_score_mod(score, head, batch, q_idx, kv_idx):
+            return (score_mod(score, head, batch, q_idx, kv_idx)
+                    + shared_scores[batch, q_idx, kv_idx])
 
     attend = _compiled_flex_attention() if q.is_cuda else flex_attention
-    before, aux = attend(q, k, v, score_mod=score_mod if shared_scores is None
-                         else shared_score_mod, scale=scale, return_aux=AuxRequest(lse=True),
+    before, aux = attend(*(x.transpose(0, 1) for x in (q, k, v)),  # (K, B, T, .)
+                         score_mod=score_mod if shared_scores is None else shared_score_mod,
+                         scale=scale, return_aux=AuxRequest(lse=True),
                          block_mask=strictly_causal_block_mask(q.shape[-2], q.device))
-    lse = torch.logaddexp(aux.lse, own)
-    out = (aux.lse - lse).exp()[..., None] * before + (own - lse).exp()[..., None] * v
+    before, before_lse = before.transpose(0, 1), aux.lse.transpose(0, 1)  # (B, K, T, .)
+    lse = torch.logaddexp(before_lse, own)
+    out = (before_lse - lse).exp()[..., None] * before + (own - lse).exp()[..., None] * v
     return out.to(v.dtype)
