@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]" 2>&1 | $(QUIET_PIP)
 	@if ! nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "building DeepSpeed's CPU comm op once (about 30 s), not in the first trial"; \
-	  $(BIN)/python -c 'from workloads.engine import build_cpu_comm_op; build_cpu_comm_op()'; \
+	  $(BIN)/python -c 'from workloads.runtime.engine import build_cpu_comm_op; build_cpu_comm_op()'; \
 	fi
 	@touch $(STAMP)
 

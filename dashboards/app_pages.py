@@ -9,6 +9,6 @@ PAGES = [
     ("paper.py", "Paper figures", ":material/article:"),
     ("sweeps.py", "Learning-rate sweeps", ":material/tune:"),
     ("curves.py", "Training curves", ":material/show_chart:"),
-    ("energy.py", "Energy diagnostics", ":material/bolt:"),
-    ("registry.py", "Registry", ":material/inventory_2:"),
+    ("energy_diagnostics.py", "Energy diagnostics", ":material/bolt:"),
+    ("model_registry.py", "Registry", ":material/inventory_2:"),
 ]

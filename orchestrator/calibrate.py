@@ -7,15 +7,15 @@ from collections.abc import Callable
 
 import torch
 
-from workloads.base import Trial
-from workloads.models import ModelConfig
-from workloads.registry import get_workload
+from workloads.core.architecture import ModelConfig
+from workloads.core.trial import Trial
+from workloads.core.workload import Workload
 
 # What a trial costs beyond its calibrated compute: Ray Tune/Train start-up (about 11 s),
 # DeepSpeed initialisation, evaluations, checkpoints, the model upload, and the per-step costs
 # the calibration step leaves out (optimizer, logging, two trials sharing 2 cores). Fitted on
-# fig2a-cpu (12 trials, 2 at once, 2 cores) after the per-trial cuts of issue 14: 606 s of
-# trial wall against 240 s of calibrated compute, 30.5 s per trial (it was 45 s before them).
+# fig2a-cpu (12 trials, 2 at once, 2 cores): 606 s of trial wall against 240 s of calibrated
+# compute, 30.5 s per trial.
 # Added to every trial's estimate; the job's own start (about 25 s) is not counted.
 TRIAL_OVERHEAD_S = 30.0
 
@@ -28,7 +28,7 @@ def _measure(step: Callable[[], None], flops: float, repeats: int = 2) -> float:
     return flops * repeats / (time.perf_counter() - start)
 
 
-def achieved_flops_per_s(trial: Trial) -> float:
+def achieved_flops_per_s(trial: Trial, workload: Workload) -> float:
     """Forward + backward FLOP/s that one worker of ``trial`` (``cpus_per_worker`` CPU threads,
     or this machine's GPU) achieves on its model: one warm-up and two timed steps of the
     workload's ``calibration_step`` on a micro-batch, fp32."""
@@ -36,21 +36,22 @@ def achieved_flops_per_s(trial: Trial) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(trial.resources.cpus_per_worker)
     try:
-        step, flops = get_workload(trial.workload).calibration_step(
+        step, flops = workload.calibration_step(
             trial.config, trial.model, trial.micro_batch_size, device)
         return _measure(step, flops)
     finally:
         torch.set_num_threads(previous)
 
 
-def estimate_wall_s(trials: list[Trial]) -> dict[str, float]:
-    """Estimated wall seconds of every trial: its FLOPs over the calibrated FLOP/s of one worker
-    times the workers, plus ``TRIAL_OVERHEAD_S``. One calibration per distinct model."""
+def estimate_wall_s(trials: list[Trial], workload: Workload) -> dict[str, float]:
+    """Estimated wall seconds of every trial of ``workload``: its FLOPs over the calibrated FLOP/s
+    of one worker times the workers, plus ``TRIAL_OVERHEAD_S``. One calibration per distinct
+    model."""
     rates: dict[ModelConfig, float] = {}
     out = {}
     for t in trials:
         if t.model not in rates:
-            rates[t.model] = achieved_flops_per_s(t)
+            rates[t.model] = achieved_flops_per_s(t, workload)
         out[t.trial_id] = (t.budget.flops / (rates[t.model] * t.resources.num_workers)
                            + TRIAL_OVERHEAD_S)
     return out

@@ -1,4 +1,5 @@
-"""``python -m orchestrator {plan,run,status,results,report,models} ...``."""
+"""``cemlab {plan,run,train,status,results,report,models} ...``, the command line of CEM Lab
+(also ``python -m orchestrator``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from orchestrator import local_trial
 from orchestrator.claims import CLAIM_SETS
 from orchestrator.spec import SpecError, load_spec
 
@@ -23,7 +25,7 @@ def _positive_int(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator",
+    parser = argparse.ArgumentParser(prog="cemlab",
                                      description="CEM Lab experiments: plan, run, analyse.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="print the grid of trials and wall estimates; trains nothing")
@@ -34,6 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="path of the experiment YAML")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {MAX_TRIALS:,} trials")
+    p = sub.add_parser("train", help="train one trial in this process (a spec's row, or a "
+                       "preset); no Ray, MLflow or ledger",
+                       description=local_trial.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    local_trial.add_arguments(p)
     p = sub.add_parser("status", help="progress of one experiment, or of all of them")
     p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
     p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
@@ -85,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "train":  # the train loop's own log lines, as a worker prints them
+        try:
+            local_trial.train(args)
+        except SpecError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "models":
         return _models(args)
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.plan import concurrency, format_plan, plan
 
         trials = plan(spec)
-        wall = None if args.no_calibrate else estimate_wall_s(trials)
+        wall = None if args.no_calibrate else estimate_wall_s(trials, spec.workload_impl)
         print(format_plan(spec, trials, wall, concurrency(spec)))
         return 0
     if args.command == "run":
@@ -113,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
-        from workloads.reach import ServiceError
+        from workloads.core.reach import ServiceError
 
         try:
             return 0 if run_experiment(spec, Path(args.spec).read_text()) else 1
@@ -153,7 +167,7 @@ def _print_efficiency(experiment: str, trial_ids: set[str], time_split: bool) ->
     from orchestrator.results import format_efficiency, format_time_split
     from orchestrator.settings import Settings
     from orchestrator.tracking import finished_trials
-    from workloads.reach import check_tracking
+    from workloads.core.reach import check_tracking
 
     uri = Settings().tracking_uri
     try:
@@ -206,9 +220,10 @@ def _report(args: argparse.Namespace) -> int:
         from orchestrator.calibrate import estimate_wall_s
         from orchestrator.plan import concurrency
         from orchestrator.run import run_experiment
-        from workloads.reach import ServiceError
+        from workloads.core.reach import ServiceError
 
-        wall = sum(sum(estimate_wall_s(missing[p]).values()) / concurrency(specs[p])
+        wall = sum(sum(estimate_wall_s(missing[p], specs[p].workload_impl).values())
+                   / concurrency(specs[p])
                    for p in todo)
         print(f"running them now: about {wall / 3600:.1f} h on this machine "
               f"(calibrated, {', '.join(p.stem for p in todo)})", flush=True)
@@ -227,11 +242,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    import tempfile
 
     from mlflow import MlflowClient
 
-    from orchestrator import registry
+    from orchestrator import model_registry as registry
     from orchestrator.settings import Settings
     from orchestrator.table import format_table
 
@@ -264,11 +278,7 @@ def _models(args: argparse.Namespace) -> int:
                   "Llama): nothing to probe")
             return 0
         if args.action == "export":
-            from orchestrator.hf_export import export_hf
-
-            with tempfile.TemporaryDirectory() as tmp:
-                out = export_hf(registry.download_package(version, settings.tracking_uri, tmp),
-                                args.directory)
+            out = registry.export_version(version, settings.tracking_uri, args.directory)
             print(f"wrote {out}: transformers.LlamaForCausalLM.from_pretrained({str(out)!r})")
             return 0
         recomputed, registered = registry.evaluate_version(
@@ -299,11 +309,10 @@ def _generate(version, tracking_uri: str, args: argparse.Namespace) -> int:
     import mlflow.pyfunc
     import pandas as pd
 
-    from orchestrator.registry import download_package
+    from orchestrator.model_registry import download_model
 
-    with tempfile.TemporaryDirectory() as tmp:  # the MLflow model holds the package
-        model = mlflow.pyfunc.load_model(str(download_package(version, tracking_uri, tmp)
-                                             .parent.parent))
+    with tempfile.TemporaryDirectory() as tmp:
+        model = mlflow.pyfunc.load_model(str(download_model(version, tracking_uri, tmp)))
     out = model.predict(pd.DataFrame({"text": [args.prompt]}), params={
         "task": "generate", "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "top_k": args.top_k, "seed": args.seed})

@@ -1,7 +1,8 @@
 """Ray Tune over a grid of trials, each trial one Ray Train run (``TorchTrainer``).
 
 Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
-``functools.partial(run_in_ray, job)`` (the typed ``Job`` is all that crosses to the workers) and
+its workload's ``train_loop_per_worker`` bound to the job (the typed ``Job`` and the workload are
+all that cross to the workers) and
 records the outcome in the ledger, which MLflow then follows (``record``); a failure is recorded by
 the submission itself (``SettleFailures``), and every record only under the trial's lease. The
 Train run is named after the trial hash under ``ray_results/trials/<experiment>`` of the storage
@@ -9,7 +10,7 @@ root (a local path, or ``s3://...`` that every node reaches): launching the same
 experiment again makes Ray Train restore its checkpoint manager, so the workers resume from the
 last checkpoint, as they do within a submission when a worker or its node dies
 (``resources.max_failures``). Ray Train keeps a trial's last two checkpoints: the previous one is
-the fallback when the latest does not verify (``workloads.checkpoints``).
+the fallback when the latest does not verify (``workloads.runtime.checkpoints``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,10 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from orchestrator import tracking
 from orchestrator.ledger import Ledger, Status
-from workloads.base import Job
-from workloads.config import TRIAL_ACTORS_GB
-from workloads.registry import get_workload
-from workloads.storage import StorageRoot
-from workloads.timing import breakdown
-from workloads.train import run_in_ray
+from workloads.core.config import TRIAL_ACTORS_GB
+from workloads.core.storage import StorageRoot
+from workloads.core.trial import Job
+from workloads.core.workload import Workload
 
 _TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
 _TUNE = ("ray_results", "tune")  # Ray Tune's experiment state, one directory per submission
@@ -60,12 +59,13 @@ def driver_resources() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Task:
-    """One pending trial of experiment ``experiment`` for ``trial_driver``: its ``Job``, its
-    ledger row, where the ledger is, the storage root its checkpoints go to (the same trial
-    in two experiments keeps two runs: each resumes only its own), and the lease it is trained
-    under (``owner``, renewed for ``lease_s`` seconds)."""
+    """One pending trial of experiment ``experiment`` for ``trial_driver``: its ``Job``, the
+    ``Workload`` that trains it, its ledger row, where the ledger is, the storage root its
+    checkpoints go to (the same trial in two experiments keeps two runs: each resumes only its own),
+    and the lease it is trained under (``owner``, renewed for ``lease_s`` seconds)."""
 
     job: Job
+    workload: Workload
     experiment: str
     row_id: int
     ledger_url: str
@@ -109,7 +109,7 @@ def _ledger(url: str) -> Ledger:
 def _trainer(task: Task, job: Job) -> TorchTrainer:
     r = job.trial.resources
     return TorchTrainer(
-        functools.partial(run_in_ray, job),
+        functools.partial(task.workload.train_loop_per_worker, job),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={
                                          "CPU": r.cpus_per_worker,
@@ -173,8 +173,8 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
     job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
     result = fit(task, job)
     tracking.log_timing(client, job.run_id,
-                        breakdown(result.metrics, job.submitted_at, time.time()))
-    workload = get_workload(job.trial.workload)
+                        tracking.breakdown(result.metrics, job.submitted_at, time.time()))
+    workload = task.workload
     if not record(ledger, client, task.row_id, job.run_id, Status.FINISHED, owner=task.owner,
                   metric=result.metrics[workload.metric],
                   val_metric=result.metrics[workload.selection_metric], error=None,

@@ -13,7 +13,7 @@ import uuid
 from types import TracebackType
 
 from orchestrator.ledger import Ledger, Status, utc_now
-from workloads.base import Trial
+from workloads.core.trial import Trial
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,11 @@ from typing import Any
 
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.base import Trial
-from workloads.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
-from workloads.memory import trial_memory
-from workloads.models import ModelConfig
-from workloads.optim import planned_precision
-from workloads.provenance import code_fingerprint
-from workloads.registry import get_workload
+from workloads.core.architecture import ModelConfig
+from workloads.core.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
+from workloads.core.precision import planned_precision
+from workloads.core.provenance import code_fingerprint
+from workloads.core.trial import Trial
 
 
 def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,
@@ -34,8 +32,8 @@ def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,
 
 def planned_training(spec: ExperimentSpec) -> TrainingConfig:
     """``spec.training`` as its trials run it: ``precision: auto`` fixed to bf16 or fp32
-    (``workloads.optim.planned_precision``), so that a trial's identity and its MLflow params
-    say which one it trained in, and workers on other hardware train in the same."""
+    (``workloads.core.precision.planned_precision``), so that a trial's identity and its MLflow
+    params say which one it trained in, and workers on other hardware train in the same."""
     precision = planned_precision(spec.training.precision, spec.resources.use_gpu)
     return spec.training.model_copy(update={"precision": precision})
 
@@ -47,7 +45,7 @@ def trial_id(spec: ExperimentSpec, model: ModelConfig, dataset: str, lr: float, 
     (``planned_training``), learning rate, seed and the code that computes it (``code``,
     default ``code_fingerprint()``); not its resources, micro-batching or logging."""
     identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
-                "data": get_workload(spec.workload).identity(spec.workload_config, data),
+                "data": spec.workload_impl.identity(spec.workload_config, data),
                 "training": planned_training(spec).model_dump(exclude=NOT_SCIENCE),
                 "lr": lr, "seed": seed, "tokens": tokens, "code": code or code_fingerprint()}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
@@ -59,7 +57,7 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     ``data`` is the workload's prepared data (``Workload.prepare``); with it, models get the
     prepared vocabulary (a tokenizer's real size), without it the spec's.
     """
-    workload = get_workload(spec.workload)
+    workload = spec.workload_impl
     config = spec.workload_config
     vocab = workload.vocab_size(config, data)
     micro, accum = batch_geometry(spec.training, spec.resources, workload.micro_batches)
@@ -106,21 +104,22 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
                 wall_s: dict[str, float] | None = None, slots: int = 1) -> str:
     """The grid as a table (one row per trial, ``#`` its row number) with totals.
 
-    ``mem/GPU`` (``mem/worker`` on CPUs) is ``workloads.memory.trial_memory``: weights,
-    gradients and optimizer states under the trial's ZeRO stage plus one micro-batch's
-    activations. ``wall_s`` maps trial ids to estimated wall seconds
-    (``orchestrator.calibrate``); the total wall time runs them in order on ``slots`` slots,
+    ``mem/GPU`` (``mem/worker`` on CPUs) is the workload's ``memory`` estimate (the language
+    model's: weights, gradients and optimizer states under the trial's ZeRO stage plus one
+    micro-batch's activations; ``-`` where it has none). ``wall_s`` maps trial ids to estimated wall
+    seconds (``orchestrator.calibrate``); the total wall time runs them in order on ``slots`` slots,
     each trial taking the first free one (as Ray Tune schedules a grid).
     """
-    unit = get_workload(spec.workload).unit
+    workload = spec.workload_impl
+    unit = workload.unit
     several = len({t.dataset for t in trials}) > 1
     rows = [{"#": i, "trial": t.trial_id, **({"dataset": t.dataset} if several else {}),
              "variant": t.variant, "size": t.size, "lr": f"{t.lr:g}", "seed": t.seed,
              "params": t.params["total"], "non-emb": t.params["non_embedding"],
              "attn": t.params["attention"], "mlp": t.params["mlp"], unit: t.tokens,
              "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
-             f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(trial_memory(
-                 t.model, t.training, t.resources, t.micro_batch_size).total),
+             f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(workload.memory(
+                 t.model, t.training, t.resources, t.micro_batch_size)),
              **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
             for i, t in enumerate(trials)]
     r, tr, first = spec.resources, spec.training, trials[0]
@@ -140,7 +139,10 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     return "\n".join([head, format_table(rows), total])
 
 
-def _bytes(n: float) -> str:
+def _bytes(estimate) -> str:
+    if estimate is None:
+        return "-"
+    n = estimate.total
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 

@@ -30,9 +30,9 @@ from orchestrator.ledger import Ledger, Status
 from orchestrator.results import experiment_rows, finished_points, short_metric
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.atomic import atomic_path
-from workloads.base import Trial
-from workloads.provenance import code_fingerprint, git_commit
+from workloads.core.atomic import atomic_path
+from workloads.core.provenance import code_fingerprint, git_commit
+from workloads.core.trial import Trial
 
 LEVEL = 0.95
 SUPPORTS, CONTRADICTS, INCONCLUSIVE, NOT_RUN = ("supports", "contradicts", "inconclusive",

@@ -12,15 +12,14 @@ from orchestrator.analysis import Point, optima_table
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.registry import get_workload
-from workloads.timing import PHASES
+from workloads.core.trial import PHASES
 
 TABLE_ARTIFACT = "akima_optima.json"
 
 
 def metric_name(spec: ExperimentSpec) -> str:
     """The test metric a trial of ``spec`` is judged by (the workload's, e.g. test perplexity)."""
-    return get_workload(spec.workload).metric
+    return spec.workload_impl.metric
 
 
 def short_metric(spec: ExperimentSpec) -> str:
@@ -45,7 +44,7 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
     rows = ledger.trials(exp.id) if exp else []
     if trial_ids is not None:
         return [r for r in rows if r.trial_hash in trial_ids]
-    datasets = get_workload(spec.workload).datasets(spec.workload_config)
+    datasets = spec.workload_impl.datasets(spec.workload_config)
     newest = {(r.dataset, r.variant, r.size, r.lr, r.seed): r for r in rows
               if in_grid(spec, datasets, r)}
     return sorted(newest.values(), key=lambda r: r.id)
@@ -106,7 +105,7 @@ def status_counts(rows: list[TrialRow]) -> dict[Status, int]:
 
 def format_time_split(trials: list[dict]) -> str:
     """One line: the share of the ``trials``' wall time (``tracking.finished_trials``) spent in
-    train steps, and the seconds of every phase (``workloads.timing``), summed over them
+    train steps, and the seconds of every phase (``workloads.runtime.timing``), summed over them
     (``compile`` only where a trial compiled)."""
     seconds: dict[str, float] = {}
     for trial in trials:

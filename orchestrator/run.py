@@ -30,8 +30,8 @@ from mlflow import MlflowClient
 from orchestrator import launch as tune
 from orchestrator import leases, tracking
 from orchestrator.ledger import Ledger, Status, TrialRow
+from orchestrator.model_registry import register_best
 from orchestrator.plan import concurrency, format_plan, plan
-from orchestrator.registry import register_best
 from orchestrator.results import (
     experiment_rows,
     format_optima,
@@ -43,9 +43,8 @@ from orchestrator.results import (
 from orchestrator.settings import Settings
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
-from workloads.base import Job, Prepared, Trial
-from workloads.reach import ServiceError, check_database, check_tracking, node_only
-from workloads.registry import get_workload
+from workloads.core.reach import ServiceError, check_database, check_tracking, node_only
+from workloads.core.trial import Job, Prepared, Trial
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ def prepare(spec: ExperimentSpec, settings: Settings) -> tuple[Prepared, list[Tr
     pipeline), ready on this node and published to the storage root (where every node's
     workers fetch it), and the plan computed from it."""
     connect()
-    workload = get_workload(spec.workload)
+    workload = spec.workload_impl
     print(f"[cemlab] preparing the data of '{spec.name}' ({workload.name}) in "
           f"{settings.data_dir}", flush=True)
     prepared = workload.prepare(spec.workload_config, str(settings.data_dir))
@@ -150,10 +149,10 @@ def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Book
     return Books(settings, ledger, client, spec.name, exp.id, exp_id, parent)
 
 
-def claim(trials: list[Trial], prepared: Prepared, books: Books, owner: str,
-          ) -> tuple[list[tune.Task], list[Trial]]:
-    """A ledger row per trial; for each unfinished trial whose lease ``owner`` gets (no other
-    live submission holds it), one MLflow run (never two, even after a crash between creating
+def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: Books,
+          owner: str) -> tuple[list[tune.Task], list[Trial]]:
+    """A ledger row per trial of ``spec``; for each unfinished trial whose lease ``owner`` gets (no
+    other live submission holds it), one MLflow run (never two, even after a crash between creating
     the run and recording it) and a Tune task. Returns the tasks, and the trials that another
     submission holds (each said in one line)."""
     tasks, held = [], []
@@ -178,12 +177,14 @@ def claim(trials: list[Trial], prepared: Prepared, books: Books, owner: str,
         run_id = row.mlflow_run_id or (
             tracking.find_trial_run(books.client, books.mlflow_experiment_id, trial.trial_id)
             or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
-                                        books.parent_run_id, trial, prepared.metrics))
+                                        books.parent_run_id, trial, spec.workload_impl.section,
+                                        prepared.metrics))
         tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING,
                     mlflow_run_id=run_id)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
-        tasks.append(tune.Task(job, books.experiment, row.id, books.settings.ledger_url,
-                               books.settings.storage, owner, books.settings.lease_s))
+        tasks.append(tune.Task(job, spec.workload_impl, books.experiment, row.id,
+                               books.settings.ledger_url, books.settings.storage, owner,
+                               books.settings.lease_s))
     return tasks, held
 
 
@@ -208,7 +209,7 @@ def report(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
            table: list[dict[str, Any]], wall_s: float) -> None:
     """Print every trial's status and metrics, then the optima."""
     metric = metric_name(spec)
-    selection = get_workload(spec.workload).selection_metric
+    selection = spec.workload_impl.selection_metric
     by_hash = {r.trial_hash: r for r in rows}
     print(f"\n[cemlab] results of '{spec.name}' (wall {wall_s:.0f}s)")
     print(format_table([{"dataset": t.dataset, "variant": t.variant, "size": t.size,
@@ -227,11 +228,11 @@ def register(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
              books: Books) -> None:
     """Register the best finished trial per (variant, size), when the workload's models are
     registrable."""
-    if not get_workload(spec.workload).registers_models:
+    if not spec.workload_impl.registers_models:
         return
     results = {r.trial_hash: (r.mlflow_run_id, r.val_metric, r.metric) for r in rows
                if r.val_metric is not None}
-    for line in register_best(books.client, spec.name, trials, results):
+    for line in register_best(books.client, spec.name, spec.workload_impl, trials, results):
         print(f"[cemlab] {line}")
 
 
@@ -265,7 +266,7 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
     with leases.Heartbeat(books.ledger, owner, settings.lease_s):
         pending = trials
         while pending:
-            tasks, held = claim(pending, prepared, books, owner)
+            tasks, held = claim(spec, pending, prepared, books, owner)
             launch(spec, tasks, settings)
             pending = leases.wait_for_holders(books.ledger, books.experiment_row_id, held,
                                               poll_s=min(5.0, settings.lease_s / 4))

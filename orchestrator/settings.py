@@ -1,4 +1,4 @@
-"""The orchestrator's settings: local state (``workloads.settings.Paths``), the MLflow tracking
+"""The orchestrator's settings: local state (``workloads.core.paths.Paths``), the MLflow tracking
 URI and the ledger's database, from the environment (pydantic-settings)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 from pydantic import AliasChoices, Field
 
-from workloads.settings import Paths
-from workloads.storage import StorageRoot
+from workloads.core.paths import Paths
+from workloads.core.storage import StorageRoot
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class Settings(Paths):
     ``MLFLOW_TRACKING_URI``, ``CEMLAB_LEDGER_URL`` and ``CEMLAB_LEASE_S`` (seconds a trial's
     lease lasts without a heartbeat: how long a dead submission's trials wait to be taken over).
 
-    The storage root (``workloads.storage``) defaults to the home: on a laptop everything stays
+    The storage root (``workloads.core.storage``) defaults to the home: on a laptop everything stays
     local; on a cluster set ``CEMLAB_STORAGE=s3://bucket/prefix`` so that every node reaches the
     corpus, the checkpoints and the Tune state.
 

@@ -11,6 +11,7 @@ Ray or MLflow work starts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,10 @@ from pydantic import (
 )
 
 from orchestrator.spec_yaml import SpecFileError, read_spec_yaml
-from workloads.config import ResourcesConfig, StrictModel, TrainingConfig
-from workloads.memory import trial_memory
-from workloads.models import PRESETS, ModelConfig
-from workloads.registry import WORKLOADS, get_workload
+from workloads.core.architecture import PRESETS, ModelConfig
+from workloads.core.config import ResourcesConfig, StrictModel, TrainingConfig
+from workloads.core.registry import get_workload, workloads
+from workloads.core.workload import Workload
 
 
 class SpecError(ValueError):
@@ -112,7 +113,7 @@ class ExperimentSpec(StrictModel):
             workload = get_workload(name)
         except (KeyError, TypeError) as e:
             raise _FieldError(("workload",), str(e).strip("'\"")) from None
-        for other in WORKLOADS.values():
+        for other in workloads().values():
             if other.section != workload.section and other.section in data:
                 raise _FieldError((other.section,), f"unknown key (workload {workload.name} "
                                   f"takes '{workload.section}')")
@@ -124,11 +125,16 @@ class ExperimentSpec(StrictModel):
             raise _FieldError((workload.section, loc), msg) from None
         return data
 
+    @functools.cached_property
+    def workload_impl(self) -> Workload:
+        """The registered ``Workload`` named by ``workload`` (looked up once per spec)."""
+        return get_workload(self.workload)
+
     @property
     def grid_size(self) -> int:
         """Trials in the grid: datasets x sizes x variants x learning rates x seeds (counted,
         not planned)."""
-        datasets = get_workload(self.workload).datasets(self.workload_config)
+        datasets = self.workload_impl.datasets(self.workload_config)
         return (len(datasets) * len(self.sizes) * len(self.variants) * len(self.learning_rates)
                 * len(self.seeds))
 
@@ -136,7 +142,7 @@ class ExperimentSpec(StrictModel):
     def _section_key(self, handler) -> dict[str, Any]:
         """Dump the workload's section under its spec key (``data:``, ``gp:``), as written."""
         out = handler(self)
-        out[get_workload(self.workload).section] = out.pop("workload_config")
+        out[self.workload_impl.section] = out.pop("workload_config")
         return out
 
     @field_validator("learning_rates")
@@ -186,15 +192,15 @@ class ExperimentSpec(StrictModel):
         return self
 
     def _fits_gpus(self, models: dict[tuple[str, str], ModelConfig]) -> None:
-        """Refuse a trial whose estimated memory per GPU (``workloads.memory.trial_memory`` at
-        the spec's ``micro_batch_size``) exceeds ``resources.gpu_memory_gb``; ``models``: each
-        (variant, size)'s resolved config."""
+        """Refuse a trial whose estimated memory per GPU (``Workload.memory`` at the spec's
+        ``micro_batch_size``) exceeds ``resources.gpu_memory_gb``; ``models``: each (variant,
+        size)'s resolved config."""
         r, t = self.resources, self.training
         if not (r.use_gpu and r.gpu_memory_gb):
             return
         for (name, size), model in models.items():
-            need = trial_memory(model, t, r, t.micro_batch_size)
-            if need.total > r.gpu_memory_gb * 2**30:
+            need = self.workload_impl.memory(model, t, r, t.micro_batch_size)
+            if need is not None and need.total > r.gpu_memory_gb * 2**30:
                 raise _FieldError(("resources", "gpu_memory_gb"), (
                     f"{name}@{size} needs about {need.describe()} per GPU with ZeRO "
                     f"{t.zero_stage} on {r.num_workers} GPU(s) at micro_batch_size "
@@ -205,7 +211,7 @@ class ExperimentSpec(StrictModel):
 def _field_names() -> frozenset[str]:
     """Every field name of the spec's models (its sections, variants, workload sections)."""
     models = [ExperimentSpec, TrainingConfig, ResourcesConfig, Variant,
-              *(w.config_type for w in WORKLOADS.values())]
+              *(w.config_type for w in workloads().values())]
     return frozenset(name for m in models for name in m.model_fields)
 
 

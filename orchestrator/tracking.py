@@ -12,9 +12,8 @@ from mlflow.exceptions import MlflowException
 
 from orchestrator.ledger import Status
 from orchestrator.spec import ExperimentSpec
-from workloads.base import Trial
-from workloads.provenance import code_fingerprint, git_commit
-from workloads.registry import get_workload
+from workloads.core.provenance import code_fingerprint, git_commit
+from workloads.core.trial import PHASES, Trial
 
 TRIAL_TAG = "cemlab.trial_id"
 ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"
@@ -63,7 +62,7 @@ def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,
     params, ``provenance_tags``. Returns its run id."""
     run = client.create_run(exp_id, run_name=spec.name, tags={
         ROLE_TAG: "experiment", "workload": spec.workload, **provenance_tags()})
-    datasets = get_workload(spec.workload).datasets(spec.workload_config)
+    datasets = spec.workload_impl.datasets(spec.workload_config)
     axes = {"sizes": ",".join(spec.sizes), "variants": ",".join(spec.variants),
             "learning_rates": ",".join(f"{lr:g}" for lr in spec.learning_rates),
             "seeds": ",".join(map(str, spec.seeds)), "datasets": ",".join(datasets)}
@@ -80,12 +79,12 @@ def find_trial_run(client: MlflowClient, exp_id: str, trial_id: str) -> str | No
 
 
 def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial: Trial,
-                    extra_metrics: dict[str, float]) -> str:
+                    section: str, extra_metrics: dict[str, float]) -> str:
     """Create the trial's run, nested under the parent, with its resolved config as params and
     its parameter counts.
 
-    Params: ``model.*`` (the resolved ``ModelConfig``), the workload's section (``data.*`` or
-    ``gp.*``), ``training.*``, ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
+    Params: ``model.*`` (the resolved ``ModelConfig``), the workload's ``section`` (``data.*``
+    or ``gp.*``), ``training.*``, ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
     steps and batch geometry. Tags: the trial's coordinates, ``cemlab.exact_gradient``
     (``false`` when its CEM attention steps are not the exact energy gradient,
     ``ModelConfig.exact_gradient``) and ``provenance_tags`` (commit, code fingerprint).
@@ -100,7 +99,6 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
             "cemlab.exact_gradient": str(trial.model.exact_gradient).lower(),
             **provenance_tags()}
     run = client.create_run(exp_id, run_name=trial.label, tags=tags)
-    section = get_workload(trial.workload).section
     params = flatten({"model": trial.model.to_dict(), section: trial.config.model_dump(),
                       "training": trial.training.model_dump(),
                       "resources": trial.resources.model_dump()})
@@ -117,8 +115,19 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
     return run.info.run_id
 
 
+def breakdown(reported: dict[str, float], started_at: float, ended_at: float,
+              ) -> dict[str, float]:
+    """The worker's ``reported`` phases (``workloads.core.trial.PHASES``) plus ``time/total_s``
+    (``ended_at - started_at``, UNIX seconds) and ``time/teardown_s``: the rest of the total
+    (the final checkpoint, the model upload, stopping the workers), never negative."""
+    parts = {f"time/{k}_s": float(reported.get(f"time/{k}_s", 0.0)) for k in PHASES}
+    total = ended_at - started_at
+    return {**parts, "time/teardown_s": max(0.0, total - sum(parts.values())),
+            "time/total_s": total}
+
+
 def log_timing(client: MlflowClient, run_id: str, seconds: dict[str, float]) -> None:
-    """Log a finished trial's wall-time breakdown (``workloads.timing.breakdown``: seconds per
+    """Log a finished trial's wall-time breakdown (``breakdown``: seconds per
     ``time/<phase>_s``) on its run, at step 0."""
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in seconds.items()])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of README "On a GPU" as one run on a lent GPU machine that has torch, Triton,
-# pytest, scipy and tabulate but not this project's environment: the compiled-FlexAttention
-# test, one CEM attention kernel call by how it reads the shared scores (bench_attention), the
+# pytest, scipy and tabulate but not this project's environment: the GPU tests (compiled
+# FlexAttention, the profile's kernel count), one CEM attention kernel call by how it reads the shared scores (bench_attention), the
 # bench of cem-134m and Llama-134M compiled (with their 30 longest kernels), a trial
 # through DeepSpeed in this process (where deepspeed and pydantic import: README; with the
 # profile of two whole train steps, optimizer included), then the eager bench of both models:
@@ -50,28 +50,29 @@ runpy.run_module('$module', run_name='__main__')
 } 2>&1 | tee -a "$log"
 
 left=$((deadline - $(date +%s)))
-echo "== compiled FlexAttention against the explicit path (limit 180 s)" | tee -a "$log"
+echo "== the GPU tests: compiled FlexAttention, the kernel count (limit 180 s)" | tee -a "$log"
 timeout -s KILL $((left < 180 ? left : 180)) python3 -m pytest -q -p no:cacheprovider \
-  tests/workloads/models/test_cem_theory.py -k compiled_flex >>"$log" 2>&1
+  tests/workloads/models/test_cem_theory.py tests/workloads/runtime/test_timing.py \
+  -k "compiled_flex or each_kernel" >>"$log" 2>&1
 echo "== test: exit $?" | tee -a "$log"
 
-step attention 150 workloads.bench_attention --preset "${PRESET:-llama-134m}" \
+step attention 150 workloads.lm.attention_bench --preset "${PRESET:-llama-134m}" \
   --json-out "$out/attention.json"
 bench=(--preset "${PRESET:-llama-134m}" --precision bf16 --rounds 1 --seconds 3)
-step cem-134m-compiled 200 workloads.bench "${bench[@]}" --variants "cem-best T=2" --compile \
+step cem-134m-compiled 200 workloads.lm.step_bench "${bench[@]}" --variants "cem-best T=2" --compile \
   --profile 30 --json-out "$out/cem-134m-compiled.json"
-step llama-compiled 90 workloads.bench "${bench[@]}" --variants llama --compile --profile 30 \
+step llama-compiled 90 workloads.lm.step_bench "${bench[@]}" --variants llama --compile --profile 30 \
   --json-out "$out/llama-compiled.json"
 if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
   corpus=()
   [ -n "${CORPUS:-}" ] && corpus=(--corpus "$CORPUS")
-  step trial-deepspeed 150 workloads.train --preset "${PRESET:-llama-134m}" --engine deepspeed \
+  step trial-deepspeed 150 orchestrator train --preset "${PRESET:-llama-134m}" --engine deepspeed \
     --zero-stage 1 --compile true --precision bf16 --batch-size 8 --steps 40 "${corpus[@]}" \
     --profile 30 --metrics-json "$out/trial-deepspeed-metrics.json"
 else
   echo "== trial-deepspeed: skipped, deepspeed or pydantic does not import" | tee -a "$log"
 fi
-step eager 120 workloads.bench "${bench[@]}" --variants "llama,cem-best T=2" \
+step eager 120 workloads.lm.step_bench "${bench[@]}" --variants "llama,cem-best T=2" \
   --json-out "$out/eager.json"
 
 python3 - "$out" <<'EOF'

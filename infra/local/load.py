@@ -41,7 +41,7 @@ import sqlalchemy as sa
 import yaml
 from tabulate import tabulate
 
-from infra.local.env import read_services_env
+from infra.local.services_env import read_services_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING = {"batch_size": 16, "micro_batch_size": 16, "eval_interval": 20, "eval_sequences": 8,
@@ -50,7 +50,7 @@ TRAINING = {"batch_size": 16, "micro_batch_size": 16, "eval_interval": 20, "eval
 
 def expected_points(steps: int, log_interval: int, eval_interval: int) -> dict[str, set[int]]:
     """The steps at which one language-model trial of ``steps`` optimizer steps logs each
-    training metric (``workloads.language_model``'s train loop)."""
+    training metric (``workloads.lm.workload``'s train loop)."""
     every = set(range(1, steps + 1))
     throughput = {s for s in every if s % log_interval == 0 or s == steps}
     validation = {s for s in every if s % eval_interval == 0 and s < steps} | {steps}

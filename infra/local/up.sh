@@ -140,8 +140,8 @@ MLFLOW_BACKEND_STORE_URI="$BACKEND_URI" CEMLAB_LEDGER_URL="$LEDGER_URL" CEMLAB_S
   "$PY" - <<'PY' || exit 2
 import os
 import sys
-from workloads.reach import ServiceError, check_database
-from workloads.storage import StorageRoot
+from workloads.core.reach import ServiceError, check_database
+from workloads.core.storage import StorageRoot
 try:
     check_database(os.environ["MLFLOW_BACKEND_STORE_URI"], "CEMLAB_MLFLOW_BACKEND_URI")
     check_database(os.environ["CEMLAB_LEDGER_URL"], "CEMLAB_LEDGER_URL")

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.local.env import read_services_env
+from infra.local.services_env import read_services_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""A real MLflow store and ledger (SQLite) seeded once per session by ``dashboards.bench``:
+"""A real MLflow store and ledger (SQLite) seeded once per session by ``dashboards.page_bench``:
 three paper ``-cpu`` specs (each with a failed and a running trial) and the four-size scaling
 spec whose numbers follow a known power law."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dashboards.bench import Seeded, seed_store
+from dashboards.page_bench import Seeded, seed_store
 
 SPECS = ("fig2a-cpu", "fig3a-cpu", "gp-table-cpu")
 

@@ -1,5 +1,5 @@
 """Every page of the dashboard with Streamlit's AppTest against a real MLflow store and ledger
-(SQLite) seeded by ``dashboards.bench`` with numbers that follow a known law, so the figures'
+(SQLite) seeded by ``dashboards.page_bench`` with numbers that follow a known law, so the figures'
 data can be checked against the truth: the fitted power law, the parameter saving, the chosen
 learning rates, the training curves, the energies, the registry."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboards import bench
-from dashboards.bench import CEM_SAVING, FAILED_ERROR, TRUE_ALPHA, TRUE_E
-from dashboards.timing import APP
+from dashboards import page_bench
+from dashboards.page_bench import CEM_SAVING, FAILED_ERROR, TRUE_ALPHA, TRUE_E
+from dashboards.page_timing import APP
 
 pytestmark = pytest.mark.slow  # the session's seeded store takes about half a minute
 
@@ -80,7 +80,7 @@ def test_lr_sweep_chooses_on_validation_at_the_true_optimum(seeded_store, monkey
     # noise of each point moves the chosen LR by a few percent (0.04 octave)
     assert set(table["variant"]) == {"llama", "cem"}
     assert table["chosen LR (val, mean)"].tolist() == pytest.approx(
-        [bench.LR_OPT] * len(table), rel=0.05)
+        [page_bench.LR_OPT] * len(table), rel=0.05)
     assert not at.warning  # no optimum at a grid edge
     assert len(at.get("plotly_chart")) == 1
 
@@ -94,7 +94,8 @@ def test_training_curves_band_the_seeds(seeded_store, monkeypatch):
 
 
 def test_energy_heatmaps_hold_the_logged_energies(seeded_store, monkeypatch):
-    at = page(monkeypatch, seeded_store.uri, "energy.py", energy_exp="scaling-synthetic")
+    at = page(monkeypatch, seeded_store.uri, "energy_diagnostics.py",
+              energy_exp="scaling-synthetic")
     assert len(at.get("plotly_chart")) == 2  # energy, fraction of tokens whose energy fell
     assert "exact" in at.caption[0].value
     from dashboards.reads import diagnostics
@@ -106,7 +107,7 @@ def test_energy_heatmaps_hold_the_logged_energies(seeded_store, monkeypatch):
 
 
 def test_registry_lists_versions_aliases_and_the_eval(seeded_store, monkeypatch):
-    at = page(monkeypatch, seeded_store.uri, "registry.py")
+    at = page(monkeypatch, seeded_store.uri, "model_registry.py")
     versions = at.dataframe[0].value
     trials = seeded_store.seeded.trials["scaling-synthetic"]
     assert len(versions) == len({(t.variant, t.size) for t in trials})
@@ -140,15 +141,15 @@ def test_no_page_writes_to_mlflow_or_the_ledger(seeded_store, monkeypatch):
     path = seeded_store.uri.removeprefix("sqlite:///")
     before = _dump(path)
     for script in ("overview.py", "compare.py", "paper.py", "sweeps.py", "curves.py",
-                   "energy.py", "registry.py"):
+                   "energy_diagnostics.py", "model_registry.py"):
         page(monkeypatch, seeded_store.uri, script)
     assert _dump(path) == before
 
 
 def test_an_empty_store_says_what_is_missing_on_every_page(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    for script in ("overview.py", "compare.py", "sweeps.py", "curves.py", "energy.py",
-                   "registry.py"):
+    for script in ("overview.py", "compare.py", "sweeps.py", "curves.py", "energy_diagnostics.py",
+                   "model_registry.py"):
         at = page(monkeypatch, uri, script)
         assert at.info, script
     import sqlalchemy as sa
@@ -175,6 +176,6 @@ def test_the_synthetic_law_is_what_the_seed_wrote(seeded_store):
     for run in client.search_runs([exp.experiment_id], "tags.`cemlab.role` = 'trial'"):
         trial = trials[run.data.tags["cemlab.trial_id"]]
         assert run.data.metrics["test_perplexity"] == pytest.approx(
-            bench.true_perplexity(trial), rel=5 * bench.NOISE)
+            page_bench.true_perplexity(trial), rel=5 * page_bench.NOISE)
     n = np.array([t.params["non_embedding"] for t in trials.values()], dtype=float)
     assert len(np.unique(n)) == 8 and math.isfinite(n.sum())  # 4 sizes x 2 families

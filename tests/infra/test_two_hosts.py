@@ -26,7 +26,7 @@ from infra.rehearsal.two_hosts import TwoHosts, missing_requirement
 from orchestrator.ledger import Ledger, Status
 from orchestrator.tracking import ROLE_TAG
 from tests.orchestrator.conftest import write_spec
-from workloads.storage import StorageRoot
+from workloads.core.storage import StorageRoot
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_requirement() is not None,

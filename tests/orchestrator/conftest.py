@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.local.env import read_services_env
+from infra.local.services_env import read_services_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

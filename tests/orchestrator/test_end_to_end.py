@@ -27,10 +27,10 @@ from orchestrator.ledger import Ledger, Status
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import CODE_TAG, COMMIT_TAG
 from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
+from workloads.core.architecture import CEM_BEST
+from workloads.core.provenance import code_fingerprint, git_commit
 from workloads.models import flops_per_token, parameter_counts
-from workloads.models.config import CEM_BEST
-from workloads.optim import lr_factor
-from workloads.provenance import code_fingerprint, git_commit
+from workloads.runtime.optim import lr_factor
 
 pytestmark = pytest.mark.slow
 
@@ -240,8 +240,8 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     # A Llama baseline exports to Hugging Face with our logits.
     import transformers
 
-    from orchestrator.registry import download_package
-    from workloads.serving import load_decoder
+    from orchestrator.model_registry import download_package
+    from workloads.lm.package import load_decoder
 
     exported = orchestrator(env, "models", "export", "cemlab-llama-nano@best", "--format", "hf",
                             str(tmp_path / "hf"))
@@ -279,7 +279,7 @@ sample = model.predict(pd.DataFrame({"text": ["To be, or not"]}),
                        params={"task": "generate", "max_new_tokens": 16, "seed": 0})
 print("RESULT " + json.dumps({"scores": scores.to_dict("list"),
                               "sample": sample["continuation"][0],
-                              "code": sys.modules["workloads.serving"].__file__}))
+                              "code": sys.modules["workloads.lm.serving"].__file__}))
 """
 
 

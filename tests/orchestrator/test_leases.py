@@ -7,7 +7,7 @@ import time
 from orchestrator.leases import Heartbeat, owner_id, wait_for_holders
 from orchestrator.ledger import Ledger, Status
 from tests.orchestrator.test_ledger import COORDS
-from workloads.base import Trial
+from workloads.core.trial import Trial
 
 
 def _trial(trial_id: str) -> Trial:

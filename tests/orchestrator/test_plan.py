@@ -10,8 +10,8 @@ from orchestrator.calibrate import TRIAL_OVERHEAD_S, estimate_wall_s
 from orchestrator.cli import main
 from orchestrator.plan import batch_geometry, format_plan, plan, trial_id
 from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
-from workloads.language_model import token_budget
-from workloads.provenance import code_fingerprint
+from workloads.core.provenance import code_fingerprint
+from workloads.lm.workload import token_budget
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = sorted((ROOT / "experiments" / "paper").glob("*.yaml"))
@@ -59,7 +59,7 @@ def test_a_budget_scale_per_size_scales_each_size_s_chinchilla_budget():
 
 def test_an_edited_corpus_or_changed_code_never_reuses_a_trial_id(tmp_path):
     from tests.conftest import write_corpus
-    from workloads.data import CorpusConfig, prepare_corpus
+    from workloads.lm.data import CorpusConfig, prepare_corpus
 
     pattern = write_corpus(tmp_path / "c", n_docs=6, words_per_doc=300)
     spec = parse_spec({**GRID, "data": {"source": "text_files", "paths": pattern,
@@ -90,7 +90,7 @@ def test_micro_batch_and_accumulation_come_from_the_global_batch(batch, micro, w
 
 
 def test_trials_at_once_are_limited_by_cpus_gpus_and_host_memory():
-    from workloads.config import TRIAL_ACTORS_GB, ResourcesConfig
+    from workloads.core.config import TRIAL_ACTORS_GB, ResourcesConfig
 
     r = ResourcesConfig(num_workers=2, cpus_per_worker=1, memory_per_worker_gb=1.5)
     assert r.memory_gb == pytest.approx(2 * 1.5 + TRIAL_ACTORS_GB)
@@ -104,7 +104,7 @@ def test_trials_at_once_are_limited_by_cpus_gpus_and_host_memory():
 def test_calibrated_wall_estimate_and_plan_table():
     spec = parse_spec({**GRID, "sizes": ["nano"], "learning_rates": [0.002], "seeds": [0]})
     trials = plan(spec)
-    wall = estimate_wall_s(trials)
+    wall = estimate_wall_s(trials, spec.workload_impl)
     assert set(wall) == {t.trial_id for t in trials}
     # the per-trial overhead plus a measured compute time
     assert all(TRIAL_OVERHEAD_S < w < 3600 for w in wall.values())
@@ -187,7 +187,7 @@ def test_paper_fig3a_budget_is_chinchilla_on_table_1():
 def test_precision_auto_is_fixed_when_planned_and_is_part_of_the_trial_id():
     """``auto`` trains in bf16 on one machine and fp32 on another: a trial carries (and its id
     hashes) the precision it trains in, bf16 on GPUs and this machine's choice on CPUs."""
-    from workloads.optim import bf16_supported
+    from workloads.core.precision import bf16_supported
 
     here = "bf16" if bf16_supported() else "fp32"
     auto = parse_spec(GRID)

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.spec import ExperimentSpec, SpecError, Variant, parse_spec
-from workloads.config import ResourcesConfig, TrainingConfig
-from workloads.data.corpus import CorpusConfig
+from workloads.core.config import ResourcesConfig, TrainingConfig
+from workloads.lm.data.corpus import CorpusConfig
 
 DEMO = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments" / "demo.yaml")
                       .read_text())

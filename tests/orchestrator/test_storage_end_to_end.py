@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from orchestrator.ledger import Ledger, Status
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
-from workloads.storage import StorageRoot
+from workloads.core.storage import StorageRoot
 
 pytestmark = pytest.mark.slow
 

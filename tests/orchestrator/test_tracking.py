@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from orchestrator import tracking
@@ -20,7 +21,7 @@ def test_trial_runs_nest_under_the_parent_and_are_found_by_trial_id(tmp_path):
     assert tracking.experiment_id(client, spec.name) == exp_id
     parent = tracking.start_parent_run(client, exp_id, spec, DEMO.read_text())
     assert tracking.find_trial_run(client, exp_id, trial.trial_id) is None
-    run_id = tracking.start_trial_run(client, exp_id, parent, trial, {"x": 1.0})
+    run_id = tracking.start_trial_run(client, exp_id, parent, trial, "data", {"x": 1.0})
     assert tracking.find_trial_run(client, exp_id, trial.trial_id) == run_id
     run = client.get_run(run_id)
     assert run.data.tags["mlflow.parentRunId"] == parent
@@ -36,3 +37,13 @@ def test_trial_runs_nest_under_the_parent_and_are_found_by_trial_id(tmp_path):
         tracking.mirror_status(client, run_id, status)
         assert client.get_run(run_id).info.status == mlflow_status
     assert client.get_run(run_id).info.end_time is not None
+
+
+def test_teardown_is_the_rest_of_the_total_and_never_negative():
+    reported = {"time/startup_s": 10.0, "time/train_s": 70.0, "time/eval_s": 5.0,
+                "time/checkpoint_s": 3.0, "val_loss": 1.0}
+    out = tracking.breakdown(reported, started_at=1000.0, ended_at=1100.0)
+    assert out["time/total_s"] == 100.0 and out["time/teardown_s"] == pytest.approx(12.0)
+    assert sum(v for k, v in out.items() if k != "time/total_s") == pytest.approx(100.0)
+    assert "val_loss" not in out
+    assert tracking.breakdown(reported, 1000.0, 1050.0)["time/teardown_s"] == 0.0  # clocks disagree

@@ -1,6 +1,7 @@
-"""A third workload is one class plus one ``register`` line: a toy workload defined here goes
+"""A third workload is one class plus one ``register`` call: a toy workload defined here goes
 through spec validation, planning, the plan table, wall-time calibration, MLflow bookkeeping and
-its own train loop, with no change to the orchestrator."""
+the one ``Trainer`` (it supplies a model, batches, a loss and an evaluation), with no change to
+the orchestrator."""
 
 import math
 
@@ -14,10 +15,11 @@ from orchestrator import tracking
 from orchestrator.calibrate import estimate_wall_s
 from orchestrator.plan import format_plan, plan
 from orchestrator.spec import SpecError, parse_spec
-from workloads.base import Budget, Job, Prepared, Workload
-from workloads.config import StrictModel
-from workloads.registry import WORKLOADS, register
-from workloads.train import run_in_process
+from workloads.core import registry
+from workloads.core.config import StrictModel
+from workloads.core.trial import Budget, Job, Prepared
+from workloads.runtime.trainer import Task
+from workloads.runtime.worker import TrainedWorkload, run_in_process
 
 
 class ToyConfig(StrictModel):
@@ -27,7 +29,7 @@ class ToyConfig(StrictModel):
     steps: int = Field(60, gt=0)
 
 
-class ToyRegression(Workload[ToyConfig, None]):
+class ToyRegression(TrainedWorkload):
     name, section, config_type, metric, unit = "toy", "toy", ToyConfig, "test_mse", "examples"
     selection_metric = "val_mse"
     micro_batches = False
@@ -46,29 +48,45 @@ class ToyRegression(Workload[ToyConfig, None]):
         x = torch.randn(micro_batch_size, config.dim)
         return (lambda: (x @ w).square().mean().backward()), 6.0 * config.dim * micro_batch_size
 
-    def train(self, job, session):
-        trial, cfg = job.trial, job.trial.config
-        torch.manual_seed(trial.seed)
-        target = torch.randn(cfg.dim)
-        engine = session.engine(torch.nn.Linear(cfg.dim, 1, bias=False), backend="ddp")
-        for step in range(1, trial.steps + 1):
-            x = torch.randn(trial.micro_batch_size, cfg.dim)
-            loss = F.mse_loss(engine(x).squeeze(-1), x @ target)
-            engine.backward(loss)
-            lr = engine.lr()
-            engine.step()
-            session.log({"loss": loss.item(), "lr": lr}, step)
-        val, test = torch.randn(256, cfg.dim), torch.randn(256, cfg.dim)
+    def task(self, job, session):
+        return ToyTask(job.trial)
+
+
+class ToyTask(Task):
+    """y = w·x for a random w of the trial's seed, on fresh draws every step."""
+
+    backend, unit, headline = "ddp", "examples", ("val_mse", "test_mse")
+
+    def __init__(self, trial):
+        self.trial, dim = trial, trial.config.dim
+        self.target = torch.randn(dim, generator=torch.Generator().manual_seed(trial.seed))
+        self.units_per_step, self.flops_per_unit = trial.training.batch_size, 6.0 * dim
+        self.describe = f"a {dim}-dimensional linear map"
+
+    def build_model(self):
+        return torch.nn.Linear(self.trial.config.dim, 1, bias=False)
+
+    def batches(self, skip):
+        while True:
+            x = torch.randn(self.trial.micro_batch_size, self.trial.config.dim)
+            yield x, x @ self.target
+
+    def loss(self, engine, batch):
+        x, y = batch
+        return F.mse_loss(engine(x).squeeze(-1), y)
+
+    def evaluate(self, engine, split):
+        x = torch.randn(256, self.trial.config.dim)
         with torch.no_grad():
-            return {f"{split}_mse": F.mse_loss(engine(x).squeeze(-1), x @ target).item()
-                    for split, x in (("val", val), ("test", test))}
+            mse = F.mse_loss(engine(x).squeeze(-1), x @ self.target).item()
+        return {{"validation": "val_mse", "test": "test_mse"}[split]: mse}
 
 
 @pytest.fixture
 def toy():
-    register(ToyRegression)  # the one registration line a new workload needs
-    yield WORKLOADS["toy"]
-    del WORKLOADS["toy"]
+    registry.register(ToyRegression)  # the one registration line a new workload needs
+    yield registry.get_workload("toy")
+    registry._REGISTERED.pop("toy")
 
 
 SPEC = {"name": "toy-grid", "workload": "toy", "toy": {"dim": 3, "steps": 80},
@@ -85,17 +103,17 @@ def test_a_toy_workload_is_validated_planned_tracked_and_trained(toy, tmp_path):
     assert len(trials) == 4 and len({t.trial_id for t in trials}) == 4
     assert {(t.steps, t.tokens, t.micro_batch_size, t.grad_accum) for t in trials} == {
         (80, 80 * 32, 16, 1)}  # its budget, and no micro-batching: 32 over 2 workers
-    table = format_plan(spec, trials, estimate_wall_s(trials), 1)
+    table = format_plan(spec, trials, estimate_wall_s(trials, toy), 1)
     assert "examples" in table and all(t.trial_id in table for t in trials)
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = tracking.experiment_id(client, spec.name)
     parent = tracking.start_parent_run(client, exp, spec, "")
-    run = client.get_run(tracking.start_trial_run(client, exp, parent, trials[0],
+    run = client.get_run(tracking.start_trial_run(client, exp, parent, trials[0], "toy",
                                                    {"toy_floor": 0.0}))
     assert run.data.params["toy.dim"] == "3" and run.data.params["dataset"] == "toy"
 
-    final, session = run_in_process(Job(trials[-1]))
+    final, session = run_in_process(Job(trials[-1]), toy)
     assert final["test_mse"] < 0.1 * session.history["loss"][1]  # it learned the map
     assert math.isclose(session.history["lr"][1], 0.05)
 

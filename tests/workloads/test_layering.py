@@ -1,6 +1,6 @@
 """The layering rule: workloads import neither ray, deepspeed, mlflow nor the orchestrator at
 module level, so models and the in-process trainer run with torch alone. The MLflow flavour of
-a registered model (``workloads.serving``, ``workloads.serving_model``) is MLflow's by nature:
+a registered model (``workloads.lm.serving``, ``workloads.lm.serving_model``) is MLflow's by nature:
 it may import mlflow, and nothing else of those."""
 
 import pkgutil
@@ -27,19 +27,28 @@ def imported(modules: list[str], banned: set[str]) -> str:
 
 def test_no_workloads_module_pulls_in_ray_deepspeed_mlflow_or_the_orchestrator():
     modules = [m.name for m in pkgutil.walk_packages(workloads.__path__, "workloads.")]
-    serving = [m for m in modules if m.startswith("workloads.serving")]
-    assert {"workloads.train", "workloads.session", "workloads.language_model",
-            "workloads.gp.workload", "workloads.bench"} <= set(modules)
-    assert serving == ["workloads.serving", "workloads.serving_model"]
+    serving = [m for m in modules if m.startswith("workloads.lm.serving")]
+    assert {"workloads.runtime.worker", "workloads.runtime.session", "workloads.lm.workload",
+            "workloads.gp.workload", "workloads.lm.step_bench"} <= set(modules)
+    assert serving == ["workloads.lm.serving", "workloads.lm.serving_model"]
     rest = [m for m in modules if m not in serving]
     assert imported(rest, {"ray", "deepspeed", "mlflow", "orchestrator"}) == ""
     assert imported(serving, {"ray", "deepspeed", "mlflow", "orchestrator"}) == "mlflow"
 
 
 def test_the_models_and_the_bench_need_torch_and_tabulate_alone():
-    """``python -m workloads.bench`` runs on a GPU machine whose image has torch but none of
+    """``python -m workloads.lm.step_bench`` runs on a GPU machine whose image has torch but none of
     the trial stack (an H200 image here had no pydantic): no spec, data or tracking package."""
     stack = {"pydantic", "pydantic_settings", "tokenizers", "pyarrow", "yaml", "sqlalchemy",
              "pandas", "scipy", "ray", "deepspeed", "mlflow", "orchestrator"}
-    assert imported(["workloads.models", "workloads.bench", "workloads.bench_attention"],
+    assert imported(["workloads.models", "workloads.lm.step_bench", "workloads.lm.attention_bench"],
                     stack) == ""
+
+
+def test_one_trial_in_process_needs_no_services_packages():
+    """``cemlab train`` runs a trial on a machine without Ray, MLflow, a database or the
+    dashboard (a GPU box whose image has none of them): its command and the language-model
+    workload it trains import none."""
+    stack = {"ray", "mlflow", "sqlalchemy", "alembic", "streamlit", "plotly", "pandas"}
+    assert imported(["orchestrator.cli", "orchestrator.local_trial", "workloads.lm.workload",
+                     "workloads.gp.workload", "workloads.runtime.worker"], stack) == ""

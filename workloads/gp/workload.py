@@ -8,22 +8,24 @@ kept in step by DDP (``prepare_model``); in-process the same loop runs on one de
 
 from __future__ import annotations
 
+import itertools
 import math
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from workloads.base import Budget, Job, Prepared, Workload
-from workloads.config import StrictModel, TrainingConfig
-from workloads.engine import Engine
+from workloads.core.architecture import ModelConfig
+from workloads.core.config import StrictModel, TrainingConfig
+from workloads.core.trial import Budget, Job, Prepared
 from workloads.gp.data import sample_gp_regression
-from workloads.gp.model import GPRegressor, gp_flops_per_sample
-from workloads.models import ModelConfig
-from workloads.session import Session
+from workloads.gp.regressor import GPRegressor, gp_flops_per_sample
+from workloads.runtime.engine import Engine
+from workloads.runtime.session import Session
+from workloads.runtime.trainer import Task
+from workloads.runtime.worker import TrainedWorkload
 
 
 class GPConfig(StrictModel):
@@ -66,7 +68,7 @@ def rmse(engine: Engine, x: torch.Tensor, y: torch.Tensor) -> float:
     return out
 
 
-class GPRegression(Workload[GPConfig, None]):
+class GPRegression(TrainedWorkload):
     """GP regression with a ``GPRegressor`` per trial."""
 
     name = "gp_regression"
@@ -105,60 +107,45 @@ class GPRegression(Workload[GPConfig, None]):
             net(x).square().mean().backward()
         return step, gp_flops_per_sample(model, config.input_dim) * n
 
-    def train(self, job: Job, session: Session) -> dict[str, float]:
-        """Fit a ``GPRegressor`` by AdamW on mean squared error; report and log metrics.
+    def task(self, job: Job, session: Session) -> GPRegressionTask:
+        return GPRegressionTask(job, session)
 
-        Per step ``loss`` (MSE, mean over workers) and ``lr``; every ``eval_interval`` steps
-        ``val_rmse`` and a checkpoint (model, optimizer, schedule, step), from which a
-        resubmitted trial resumes. At the end ``test_rmse``, ``val_rmse``, ``train_wall_s``,
-        ``train_mfu`` and ``peak_memory_mib`` (``Session.efficiency``), which it returns.
-        """
-        trial, g = job.trial, job.trial.config
-        rank, world = session.rank, session.world_size
-        torch.manual_seed(trial.seed)
-        kernel = trial.dataset.removeprefix("gp-")
-        data = sample_gp_regression(kernel, g.input_dim, g.n_train, g.n_val, g.n_test,
-                                    g.noise_std, g.data_seed)
-        engine = session.engine(GPRegressor(trial.model, g.input_dim), backend="ddp")
-        start_step = session.restore(engine)
-        per_worker = trial.micro_batch_size  # the worker's whole share of the batch
-        rng = torch.Generator().manual_seed(trial.seed * 1_000_003 + rank)
-        x_train, y_train = data.x["train"], data.y["train"]
-        val = (data.x["validation"], data.y["validation"])
-        session.info("[gp] %s kernel, T=%d: steps %d..%d", kernel, trial.model.mlp_steps,
-                     start_step + 1, trial.steps)
 
-        start = time.perf_counter()
-        clock = session.clock
-        for step in range(start_step + 1, trial.steps + 1):
-            clock.first_step()
-            with clock.phase("train"):
-                idx = torch.randint(len(x_train), (per_worker,), generator=rng)
-                loss = F.mse_loss(engine(x_train[idx].to(engine.device)),
-                                  y_train[idx].to(engine.device))
-                engine.backward(loss)
-                lr = engine.lr()
-                engine.step()
-                mse = session.all_reduce(loss.detach().clone()).item() / world
-                session.log({"loss": mse, "lr": lr}, step)
-            if step % trial.training.eval_interval == 0 and step < trial.steps:
-                with clock.phase("eval"):
-                    metrics = {"val_rmse": rmse(engine, *val)}
-                    session.log(metrics, step)
-                    session.flush()
-                with clock.phase("checkpoint"):
-                    session.checkpoint(engine, step, metrics)
-            if step % trial.training.log_interval == 0:
-                session.info("[gp] step %d/%d | mse %.4f | lr %.2e", step, trial.steps, mse, lr)
-        efficiency = session.efficiency(gp_flops_per_sample(trial.model, g.input_dim)
-                                        * per_worker * world * (trial.steps - start_step),
-                                        engine.device)
-        with clock.phase("eval"):
-            final = {"val_rmse": rmse(engine, *val),
-                     "test_rmse": rmse(engine, data.x["test"], data.y["test"]),
-                     "train_wall_s": time.perf_counter() - start, **efficiency}
-            session.log(final, trial.steps)
-            session.flush()
-        session.info("[gp] done: test RMSE %.4f (noise %.3f)", final["test_rmse"], g.noise_std)
-        session.checkpoint(engine, trial.steps, {**final, **clock.metrics()})
-        return final
+class GPRegressionTask(Task):
+    """One worker's share of a GP-regression trial for the ``Trainer``: a ``GPRegressor`` fit
+    by mean squared error on examples drawn with replacement from the training set (the same
+    ``data_seed`` data on every worker, each its own draws), ``val_rmse`` and ``test_rmse``.
+    The replicas keep in step by DDP."""
+
+    backend, unit = "ddp", "examples"
+    headline = ("val_rmse", "test_rmse")
+
+    def __init__(self, job: Job, session: Session) -> None:
+        self.trial, self.session, g = job.trial, session, job.trial.config
+        self.kernel = self.trial.dataset.removeprefix("gp-")
+        self.data = sample_gp_regression(self.kernel, g.input_dim, g.n_train, g.n_val, g.n_test,
+                                         g.noise_std, g.data_seed)
+        self.units_per_step = self.trial.training.batch_size
+        self.flops_per_unit = gp_flops_per_sample(self.trial.model, g.input_dim)
+        self.describe = f"{self.kernel} kernel, T={self.trial.model.mlp_steps}"
+
+    def build_model(self) -> GPRegressor:
+        return GPRegressor(self.trial.model, self.trial.config.input_dim)
+
+    def batches(self, skip: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Draws of the worker's whole share of the batch (no micro-batching), from a generator
+        of its own per trial seed and rank."""
+        x, y = self.data.x["train"], self.data.y["train"]
+        rng = torch.Generator().manual_seed(self.trial.seed * 1_000_003 + self.session.rank)
+        for drawn in itertools.count():
+            idx = torch.randint(len(x), (self.trial.micro_batch_size,), generator=rng)
+            if drawn >= skip:
+                yield x[idx], y[idx]
+
+    def loss(self, engine: Engine, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(engine(x.to(engine.device)), y.to(engine.device))
+
+    def evaluate(self, engine: Engine, split: str) -> dict[str, float]:
+        prefix = "val" if split == "validation" else split
+        return {f"{prefix}_rmse": rmse(engine, self.data.x[split], self.data.y[split])}

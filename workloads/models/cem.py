@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.models.config import ModelConfig
+from workloads.core.architecture import ModelConfig
 from workloads.models.energy import elementwise_energy, interaction_energy
 from workloads.models.flex import alibi_flex_attention
 from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask

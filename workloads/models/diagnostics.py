@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from workloads.models.cem import CEMMLP, CEMAttention
-from workloads.models.model import DecoderLM
+from workloads.models.decoder import DecoderLM
 
 
 def _directional_derivative(sub: CEMAttention | CEMMLP, x: torch.Tensor, step: torch.Tensor,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workloads.models.config import ModelConfig
+from workloads.core.architecture import ModelConfig
 
 
 def _precond_flops(kind: str, psd: bool, dim: int, rank: int) -> int:

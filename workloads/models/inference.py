@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workloads.models.model import DecoderLM
+from workloads.models.decoder import DecoderLM
 
 
 @torch.no_grad()

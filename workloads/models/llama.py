@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads.models.config import ModelConfig
+from workloads.core.architecture import ModelConfig
 from workloads.models.position import alibi_bias, alibi_slopes, apply_rope, rope_cos_sin, sdpa_mask
 
 

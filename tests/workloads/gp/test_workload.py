@@ -2,12 +2,12 @@
 
 import pytest
 
-from workloads.base import Job, Trial
-from workloads.config import ResourcesConfig, TrainingConfig
-from workloads.gp.workload import GPConfig, gp_parameter_counts
+from workloads.core.config import ResourcesConfig, TrainingConfig
+from workloads.core.registry import get_workload
+from workloads.core.trial import Job, Trial
+from workloads.gp.workload import GPConfig, GPRegression, gp_parameter_counts
 from workloads.models import ModelConfig
-from workloads.registry import get_workload
-from workloads.train import run_in_process
+from workloads.runtime.worker import run_in_process
 
 
 def test_gp_trial_fits_below_the_prior_and_logs_every_step():
@@ -20,7 +20,7 @@ def test_gp_trial_fits_below_the_prior_and_logs_every_step():
     assert budget.params == gp_parameter_counts(model, 10) and budget.params["attention"] == 0
     trial = Trial("t", workload.name, "gp-rbf", "t2", "gp-small", 0.004, 0, model, config,
                   training, ResourcesConfig(num_workers=1), budget, 64, 1)
-    final, session = run_in_process(Job(trial))
+    final, session = run_in_process(Job(trial), GPRegression())
     assert sorted(session.history["loss"]) == list(range(1, 151))
     assert sorted(session.history["val_rmse"]) == [50, 100, 150]
     assert final["test_rmse"] < 0.6  # the prior's standard deviation is 1

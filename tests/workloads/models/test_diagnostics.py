@@ -4,8 +4,8 @@ import math
 
 import torch
 
+from workloads.core.architecture import CEM_BEST
 from workloads.models import ModelConfig, build_model
-from workloads.models.config import CEM_BEST
 from workloads.models.diagnostics import energy_diagnostics
 
 

@@ -1,0 +1,123 @@
+"""The spec sections every workload shares: ``training`` and ``resources``.
+
+They are the runtime configs themselves (pydantic, strict, frozen): the orchestrator validates a
+spec into them and the same objects reach the training loop inside the Ray workers.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+
+
+class StrictModel(BaseModel):
+    """A frozen pydantic model that rejects unknown keys (a spec typo is an error, not a no-op),
+    values of the wrong type (no ``"0.1"`` or ``true`` for a number: pydantic's strict mode) and
+    NaN or infinite floats."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class TrainingConfig(StrictModel):
+    """Token budget, batch geometry, optimizer (paper Table 2 defaults), evaluation, engine.
+
+    Budget: ``tokens`` when given, else Chinchilla, ``tokens_per_param`` x the total parameters of
+    the Llama baseline of the trial's size x ``budget_scale`` (one number, or one per size, e.g.
+    ``{nano: 1.0, tiny: 0.25}``; the CEM twin gets the same tokens).
+    Batch: ``batch_size`` sequences (examples) per optimizer step over all workers; each worker
+    runs micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
+    Optimizer: AdamW (``beta1``, ``beta2``, ``eps``, ``weight_decay`` on projection and
+    embedding weights only, ``optim.decayed_parameters``), gradient clipping at ``grad_clip``
+    (global norm), linear warmup over ``warmup_fraction`` of the steps, then a cosine decay to
+    ``final_lr_fraction`` x the peak learning rate.
+    Engine: ZeRO ``zero_stage``, ``precision``, and ``compile`` (whether the workers run the
+    model and the loss through ``torch.compile``; ``engine.compiles``).
+    """
+
+    tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")
+    tokens_per_param: float = Field(20.0, gt=0, description="Chinchilla tokens per parameter")
+    budget_scale: PositiveFloat | dict[str, PositiveFloat] = Field(
+        1.0, description="multiplies the Chinchilla budget (CPU): a number, or one per size")
+    batch_size: int = Field(128, gt=0, description="global batch, sequences per optimizer step")
+    micro_batch_size: int = Field(8, gt=0, description="most sequences per worker per pass")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-9, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_fraction: float = Field(0.05, ge=0, lt=1)
+    final_lr_fraction: float = Field(0.1, ge=0, le=1)
+    eval_interval: int = Field(50, gt=0, description="optimizer steps between validations "
+                               "(and checkpoints)")
+    eval_sequences: int = Field(128, gt=0, description="validation sequences per evaluation")
+    log_interval: int = Field(10, gt=0)
+    energy_diagnostics: bool = Field(
+        False, description="log per-layer per-step energies, descent, update norms, attention "
+        "entropies and preconditioner eigenvalues")
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile each worker's model and loss (DeepSpeed's "
+        "engine.compile); auto: on GPU workers at ZeRO stage 0-2, off on CPUs "
+        "(engine.compiles)")
+
+    def scale_for(self, size: str) -> float:
+        """``budget_scale`` of preset ``size``.
+
+        Raises:
+            KeyError: a per-size ``budget_scale`` without ``size``.
+        """
+        if isinstance(self.budget_scale, dict):
+            return self.budget_scale[size]
+        return self.budget_scale
+
+
+# Engine options and logging that do not change what a trial computes: left out of its identity.
+NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics", "zero_stage",
+                         "compile"})
+
+
+# Host memory (GiB) of one trial's actors besides its workers: Ray Tune's trial driver and Ray
+# Train's controller, placement-group cleaner, synchronization, preemption and dataset actors
+# (measured with 16 nano trials at once on CPU: 1.05 GiB USS per trial). Ray reserves it with
+# every trial, so that a grid queues trials rather than have Ray's memory monitor kill them.
+TRIAL_ACTORS_GB = 1.1
+
+
+class ResourcesConfig(StrictModel):
+    """Ray Train workers of one trial; Ray Tune runs as many trials at once as the cluster fits
+    (CPUs, GPUs and host memory)."""
+
+    num_workers: int = Field(2, gt=0)
+    cpus_per_worker: int = Field(1, gt=0)
+    use_gpu: bool = False
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="how Ray places a trial's workers on nodes (STRICT_SPREAD: one "
+        "per node)")
+    max_failures: int = Field(2, ge=-1, description="times a trial restarts from its last "
+                              "checkpoint after a worker or node dies, within one submission "
+                              "(-1: no limit)")
+
+    memory_per_worker_gb: float = Field(1.0, gt=0, description="host memory (GiB) Ray "
+                                        "reserves for each worker, beside TRIAL_ACTORS_GB per "
+                                        "trial: trials wait for memory rather than run out")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="memory of each GPU (GiB): "
+                                        "a spec whose trial needs more per GPU "
+                                        "(workloads.lm.memory) is refused before anything runs")
+
+    @property
+    def memory_gb(self) -> float:
+        """Host memory (GiB) one trial reserves: its workers' and its other actors'."""
+        return self.num_workers * self.memory_per_worker_gb + TRIAL_ACTORS_GB
+
+    def trials_that_fit(self, cpus: float, gpus: float = 0,
+                        memory_gb: float | None = None) -> int:
+        """How many trials of this shape fit at once on ``cpus`` CPUs, ``gpus`` GPUs and
+        ``memory_gb`` GiB of host memory (None: not counted); at least 1."""
+        fit = int(cpus // (self.num_workers * self.cpus_per_worker))
+        if self.use_gpu:
+            fit = min(fit, int(gpus // self.num_workers))
+        if memory_gb is not None:
+            fit = min(fit, int(memory_gb // self.memory_gb))
+        return max(1, fit)

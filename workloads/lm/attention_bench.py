@@ -1,0 +1,165 @@
+"""What CEM attention's GPU kernel spends on the shared KQ diagonal's scores, per call.
+
+    python -m workloads.lm.attention_bench [--preset cem-134m] [--batch 8] [--json-out FILE]
+
+At a preset's sizes (batch x n_head x context_length x d_head, bf16, as ``cem-134m`` trains),
+times one call of compiled FlexAttention, forward alone and forward with backward, for each way
+of reading c_ij = h~_jᵀ D u_i / sqrt(d_head), the (B, T, T) term the shared diagonal adds to
+every head's scores (``workloads.models.flex``):
+
+- ``no shared scores``: the ALiBi ``score_mod`` alone, the floor under any read of c_ij;
+- ``c bf16, head-major grid``: c read per score, with the heads as the kernel's batch
+  dimension, as ``alibi_flex_attention`` calls it: the programs in flight are one sequence's
+  heads, which share each tile of c in the L2 cache;
+- ``c bf16, batch-major grid``: the same with (B, K, T, E) as given, so that the programs in
+  flight are one head's, and every head reads all of c again;
+- ``c fp32, batch-major grid``: that with an fp32 copy of c (twice the bytes);
+- ``c bf16, head-major, no gradient``: c read but not differentiated, so the backward makes no
+  atomic adds into its gradient;
+- ``alibi_flex_attention``: the whole function (the head-major kernel and the own key's merge);
+- ``c product (u D) h~ᵀ``: the (B, T, D) x (B, D, T) product that computes c, outside the kernel.
+
+Each time is Triton's ``do_bench`` (the median of repeated calls, the L2 cache cleared before
+each); the first call, which compiles, is timed apart. Needs a CUDA GPU: FlexAttention trains
+only there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from tabulate import tabulate
+from torch.nn.attention.flex_attention import AuxRequest
+
+from workloads.models import ModelConfig
+from workloads.models.flex import (
+    _compiled_flex_attention,
+    alibi_flex_attention,
+    strictly_causal_block_mask,
+)
+from workloads.models.position import alibi_slopes
+
+
+def inputs(cfg: ModelConfig, batch: int, device: torch.device, dtype: torch.dtype,
+           seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random q, k (= v) (B, K, T, E) as ``CEMAttention`` makes them (views of (B, T, K, E)),
+    a = u D (B, T, D), h~ (B, T, D), the slopes (K,), self/cross biases (1,), each needing a
+    gradient but the slopes."""
+    gen = torch.Generator(device).manual_seed(seed)
+    b, t, k, e, d = batch, cfg.context_length, cfg.n_head, cfg.d_head, cfg.d_model
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+    return {"q": rand(b, t, k, e).transpose(1, 2).requires_grad_(),
+            "k": rand(b, t, k, e).transpose(1, 2).requires_grad_(),
+            "a": rand(b, t, d).requires_grad_(), "h": rand(b, t, d).requires_grad_(),
+            "slopes": alibi_slopes(k).to(device),
+            "self_bias": torch.zeros(1, device=device, dtype=dtype, requires_grad=True),
+            "cross_bias": torch.zeros(1, device=device, dtype=dtype, requires_grad=True)}
+
+
+def cases(x: dict[str, torch.Tensor], attend: Callable) -> dict[str, Callable[[], torch.Tensor]]:
+    """``{row: call}``: each call computes its row's output from ``x`` (``inputs``) with
+    ``attend`` (FlexAttention, compiled on a GPU), c included, so that a backward from it
+    reaches every input it reads."""
+    q, k, slopes = x["q"], x["k"], x["slopes"]
+    scale = 1 / math.sqrt(q.shape[-1])
+    mask = strictly_causal_block_mask(q.shape[-2], q.device)
+
+    def shared() -> torch.Tensor:  # (B, T, T)
+        return x["a"] @ x["h"].transpose(-1, -2) * scale
+
+    def kernel(c: torch.Tensor | None, head_major: bool) -> torch.Tensor:
+        def score_mod(score, z, h, q_idx, kv_idx):
+            head, batch = (z, h) if head_major else (h, z)
+            biased = score - slopes[head] * (q_idx - kv_idx)
+            return biased if c is None else biased + c[batch, q_idx, kv_idx]
+
+        qkv = [t.transpose(0, 1) if head_major else t for t in (q, k, k)]
+        out, _ = attend(*qkv, score_mod=score_mod, scale=scale, block_mask=mask,
+                        return_aux=AuxRequest(lse=True))
+        return out.transpose(0, 1) if head_major else out
+
+    return {
+        "no shared scores": lambda: kernel(None, head_major=True),
+        "c bf16, head-major grid": lambda: kernel(shared(), head_major=True),
+        "c bf16, batch-major grid": lambda: kernel(shared(), head_major=False),
+        "c fp32, batch-major grid": lambda: kernel(shared().float(), head_major=False),
+        "c bf16, head-major, no gradient": lambda: kernel(shared().detach(), head_major=True),
+        "alibi_flex_attention": lambda: alibi_flex_attention(
+            q, k, k, slopes, x["self_bias"], x["cross_bias"], scale, shared()),
+        "c product (u D) h~ᵀ": shared,
+    }
+
+
+def time_call(call: Callable[[], torch.Tensor], leaves: list[torch.Tensor], backward: bool,
+              ) -> tuple[float, float]:
+    """(first call's seconds, median ms per call) of ``call``, or of it and the gradient of its
+    output's sum in ``leaves`` when ``backward``, by ``triton.testing.do_bench``."""
+    from triton.testing import do_bench
+
+    def run() -> None:
+        out = call()
+        if backward:
+            torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+
+    start = time.perf_counter()
+    run()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    return first, do_bench(run, warmup=10, rep=50, return_mode="median")
+
+
+def run(preset: str, batch: int) -> list[dict]:
+    """One row per ``cases`` entry at ``preset``'s sizes on the GPU, in bf16: forward ms,
+    forward+backward ms, each relative to ``no shared scores``, and the first calls' seconds."""
+    torch._dynamo.config.recompile_limit = 64  # one FlexAttention compile per row and mode
+    cfg = ModelConfig.from_preset(preset)
+    x = inputs(cfg, batch, torch.device("cuda"), torch.bfloat16)
+    rows = []
+    leaves = [t for t in x.values() if t.requires_grad]
+    for name, call in cases(x, _compiled_flex_attention()).items():
+        first_fwd, fwd = time_call(call, leaves, backward=False)
+        first_bwd, both = time_call(call, leaves, backward=True)
+        rows.append({"case": name, "forward_ms": fwd, "forward_backward_ms": both,
+                     "first_calls_s": first_fwd + first_bwd})
+        print(f"[bench_attention] {name}: {fwd:.3f} ms forward, {both:.3f} ms with backward "
+              f"(compiled in {first_fwd + first_bwd:.1f} s)", file=sys.stderr, flush=True)
+    floor = rows[0]
+    for row in rows:
+        row["forward_vs_floor"] = row["forward_ms"] / floor["forward_ms"]
+        row["forward_backward_vs_floor"] = row["forward_backward_ms"] / floor["forward_backward_ms"]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workloads.lm.attention_bench",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="cem-134m")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--json-out", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("error: python -m workloads.lm.attention_bench needs a CUDA GPU (FlexAttention "
+                 "compiles and trains only there)")
+    cfg = ModelConfig.from_preset(args.preset)
+    rows = run(args.preset, args.batch)
+    print(f"one CEM attention kernel call, preset {args.preset}: batch {args.batch} x "
+          f"{cfg.n_head} heads x {cfg.context_length} tokens x d_head {cfg.d_head}, bf16, on "
+          f"{torch.cuda.get_device_name()} (torch {torch.__version__})")
+    print(tabulate(rows, headers="keys", floatfmt=",.3f"))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The decoder-only language model, its builder and parameter accounting."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workloads.core.architecture import ModelConfig
+from workloads.models.cem import CEMMLP, CEMAttention
+from workloads.models.llama import LlamaAttention, LlamaMLP
+
+_ATTENTION = {"llama": LlamaAttention, "cem": CEMAttention}
+_MLP = {"llama": LlamaMLP, "cem": CEMMLP}
+
+
+class Block(nn.Module):
+    """One layer: ``h -> mlp(attn(h))``; each sublayer owns its norm and its residual.
+
+    ``carry`` is the per-forward dict through which layer-scope momentum passes from one
+    layer's attention to the next (None otherwise).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn = _ATTENTION[cfg.attention](cfg)
+        self.mlp = _MLP[cfg.mlp](cfg)
+
+    def forward(self, h: torch.Tensor, carry: dict | None = None) -> torch.Tensor:
+        return self.mlp(self.attn(h, carry), carry)
+
+
+class DecoderLM(nn.Module):
+    """Token embedding, ``n_layer`` blocks, final RMSNorm and an untied LM head.
+
+    ``model(idx)`` with ``idx`` LongTensor (B, T), T <= context_length, returns logits
+    (B, T, vocab_size).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Meta tensors (parameter counting) hold no values: initialising them only costs time.
+        if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
+            nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.shape[1] > self.cfg.context_length:
+            raise ValueError(f"sequence length {idx.shape[1]} exceeds context_length "
+                             f"{self.cfg.context_length}")
+        h = self.embed_tokens(idx)  # (B, T, D)
+        carry = {} if self.cfg.momentum_scope == "layer" else None
+        for block in self.blocks:
+            h = block(h, carry)
+        return self.lm_head(self.norm(h))  # (B, T, vocab)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token cross-entropy (nats), computed in fp32: ``logits`` (B, T, vocab) in
+    any dtype, ``targets`` (B, T) token ids -> a scalar. Compiled (``torch.compile``), it is one
+    fused pass over the logits instead of an fp32 copy of them and a softmax over that copy."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def build_model(cfg: ModelConfig) -> DecoderLM:
+    """A freshly initialised ``DecoderLM`` for ``cfg`` (fp32, on the CPU)."""
+    return DecoderLM(cfg)
+
+
+def count_parameters(model: DecoderLM) -> dict[str, int]:
+    """Trainable parameters by role.
+
+    Returns ints under ``total``; ``embedding`` (token embedding and LM head: the vocabulary
+    parameters, as in the paper's "embedding and head"); ``attention`` and ``mlp`` (all blocks'
+    sublayers, their RMSNorm included); ``other`` (the final norm).
+    """
+    counts = {"embedding": 0, "attention": 0, "mlp": 0, "other": 0}
+    for name, p in model.named_parameters():
+        if name.startswith(("embed_tokens.", "lm_head.")):
+            role = "embedding"
+        elif ".attn." in name:
+            role = "attention"
+        elif ".mlp." in name:
+            role = "mlp"
+        else:
+            role = "other"
+        counts[role] += p.numel()
+    return {"total": sum(counts.values()), **counts}
+
+
+def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
+    """``count_parameters`` of the model ``cfg`` describes, plus ``non_embedding`` (total minus
+    embedding and head), built once per config on the meta device (no memory)."""
+    return dict(_parameter_counts(cfg))
+
+
+@functools.cache
+def _parameter_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
+    with torch.device("meta"):
+        counts = count_parameters(build_model(cfg))
+    return (*counts.items(), ("non_embedding", counts["total"] - counts["embedding"]))

@@ -1,0 +1,75 @@
+"""Optimizer, learning-rate schedule and DeepSpeed config (paper Table 2)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # annotations only: the bench imports this module with torch alone
+    from workloads.core.config import TrainingConfig
+
+
+def lr_factor(step: int, total_steps: int, warmup_fraction: float,
+              final_lr_fraction: float) -> float:
+    """Multiplier of the peak LR after ``step`` optimizer steps (0-based).
+
+    Linear warmup over ``ceil(warmup_fraction * total_steps)`` steps, then a cosine decay from 1
+    to ``final_lr_fraction`` at the last step.
+    """
+    warmup = math.ceil(warmup_fraction * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    decay_steps = max(total_steps - 1 - warmup, 1)
+    progress = min((step - warmup) / decay_steps, 1.0)
+    return final_lr_fraction + (1 - final_lr_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def decayed_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters weight decay applies to, chosen by role: the weights of projection
+    matrices and embeddings (``nn.Linear``, ``nn.Embedding``), nothing else.
+
+    Never decayed: RMSNorm gains, ALiBi self/cross biases, CEM step sizes, KQ diagonals (shared
+    or per head) and every preconditioner parameter: its diagonal and its low-rank factors U, V
+    (decaying U, V would pull P = diag(softplus(d)) + UVᵀ + VUᵀ towards its diagonal, a prior
+    the paper does not state). Rank is not the rule: a per-head diagonal (K, D) is a diagonal.
+    """
+    decayed = {id(m.weight): m.weight for m in model.modules()
+               if isinstance(m, nn.Linear | nn.Embedding) and m.weight.requires_grad}
+    return list(decayed.values())
+
+
+def build_optimizer(model: nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.AdamW:
+    """AdamW at peak learning rate ``lr`` with ``cfg``'s betas, eps and weight decay, the decay
+    on ``decayed_parameters`` only."""
+    decay = decayed_parameters(model)
+    ids = {id(p) for p in decay}
+    no_decay = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig, total_steps: int,
+                    ) -> torch.optim.lr_scheduler.LambdaLR:
+    """``lr_factor`` of ``cfg``'s warmup and final fraction over ``total_steps`` optimizer steps."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup_fraction, cfg.final_lr_fraction))
+
+
+def deepspeed_config(micro_batch_size: int, grad_accum: int, world_size: int, zero_stage: int,
+                     precision: str, grad_clip: float) -> dict[str, Any]:
+    """The DeepSpeed engine config: batch geometry, ZeRO stage, bf16 or fp32, clipping."""
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch_size * grad_accum * world_size,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "zero_allow_untested_optimizer": True,  # the client optimizer is torch's AdamW
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }

@@ -1,0 +1,348 @@
+"""Where a train loop's side effects go: ranks, engines, checkpoints, metrics.
+
+The same train loop runs in two sessions:
+
+- ``RaySession``: one Ray Train worker of a trial. Checkpoints go through ``ray.train.report``
+  (every rank writes its part and its sha256 manifest into a temporary directory that Ray
+  persists, and a restarted or resubmitted trial resumes from the newest one that verifies,
+  ``workloads.runtime.checkpoints``); metrics go to the trial's
+  MLflow run from rank 0, and the run's ``ray.nodes`` tag lists each rank's
+  ``<Ray node id>@<node IP>``.
+- ``LocalSession``: one process, no Ray, no MLflow (``cemlab train``), a plain PyTorch
+  engine; ``LocalDeepSpeedSession``: the same with DeepSpeed's engine, inside a
+  ``one_rank_process_group``. Nothing is checkpointed; metrics are kept in ``history`` and the
+  loop's log lines are printed.
+
+``ray`` is imported inside ``RaySession`` only, ``deepspeed`` inside ``DeepSpeedEngine``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from workloads.core.precision import resolve_precision
+from workloads.core.reach import check_tracking
+from workloads.core.trial import Job
+from workloads.runtime import allocator, hardware
+from workloads.runtime.checkpoints import newest_good, write_manifest
+from workloads.runtime.engine import DeepSpeedEngine, Engine, TorchEngine
+from workloads.runtime.metrics import MetricSink
+from workloads.runtime.timing import PhaseClock
+
+Backend = Literal["deepspeed", "ddp"]  # how a workload wants its replicas kept in step
+
+log = logging.getLogger("cemlab.train")
+
+
+class Session(ABC):
+    """Rank ``rank`` of ``world_size`` running ``job``."""
+
+    rank: int
+    world_size: int
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        allocator.reuse_freed_memory()  # a step reuses the pages of the step before
+        self.clock = PhaseClock(job.submitted_at)  # time/startup_s, train_s, eval_s, ...
+        self._peak_flops: float | None = None  # per worker, once looked up
+
+    @property
+    def precision(self) -> str:
+        """``bf16`` or ``fp32`` (``auto`` resolved for this machine)."""
+        return resolve_precision(self.job.trial.training.precision)
+
+    def info(self, msg: str, *args) -> None:
+        """Log ``msg`` from rank 0 only."""
+        if self.rank == 0:
+            log.info(msg, *args)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum ``t`` over the ranks in place (a no-op without a process group); returns it."""
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(t)
+        return t
+
+    def peak_flops(self, device: torch.device) -> float:
+        """Peak FLOP/s of this worker's ``device`` in the session's precision
+        (``workloads.runtime.hardware.peak_flops``), looked up and logged with its source once."""
+        if self._peak_flops is None:
+            self._peak_flops, source = hardware.peak_flops(device, self.precision)
+            self.info("[train] MFU against %.3g FLOP/s per worker (%s)", self._peak_flops, source)
+        return self._peak_flops
+
+    def efficiency(self, flops: float, device: torch.device) -> dict[str, float]:
+        """``train_mfu``: ``flops`` (the model FLOPs of the steps this attempt trained, all
+        workers together) per second of the clock's ``train`` phase, over the peak of all
+        workers (``peak_flops_per_s``: ``peak_flops`` x ``world_size``); ``peak_memory_mib``:
+        the most memory any worker has held (``workloads.runtime.hardware.peak_memory_bytes``), MiB.
+        A collective: every rank calls it."""
+        memory = torch.zeros(self.world_size, dtype=torch.float64, device=device)
+        memory[self.rank] = hardware.peak_memory_bytes(device)
+        self.all_reduce(memory)
+        seconds = self.clock.seconds["train"]
+        peak = self.peak_flops(device) * self.world_size
+        return {"train_mfu": flops / seconds / peak if seconds > 0 else 0.0,
+                "peak_flops_per_s": peak, "peak_memory_mib": memory.max().item() / 2**20}
+
+    @abstractmethod
+    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        """The engine that trains ``model`` for this session's trial."""
+
+    @abstractmethod
+    def restore(self, engine: Engine) -> int:
+        """Load the trial's last checkpoint into ``engine``; returns its step (0: fresh)."""
+
+    @abstractmethod
+    def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        """Report ``metrics`` at ``step`` with a checkpoint of ``engine`` (every rank calls)."""
+
+    @abstractmethod
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Record metrics of optimizer step ``step`` (buffered until ``flush``)."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Send buffered metrics (what cannot be sent now stays buffered)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """After the train loop: deliver whatever is still buffered, or raise."""
+
+    @abstractmethod
+    def keep_model(self, write: Callable[[str], None]) -> None:
+        """Keep the trained model: ``write(path)`` saves it as a new directory ``path``, which
+        becomes artifact ``model`` of the trial's MLflow run (rank 0 only calls it)."""
+
+
+FINAL_FLUSH_S = 300.0  # how long a finished trial waits for an unreachable tracking server
+
+
+class RaySession(Session):
+    """Inside a Ray Train worker: ranks from the Train context, DeepSpeed or DDP, checkpoints
+    through ``ray.train.report``, metrics to MLflow run ``job.run_id`` at ``job.tracking_uri``.
+    """
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        import ray.train
+
+        # DeepSpeed still calls torch.distributed's deprecated all_gather_into_tensor.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+        torch.set_num_threads(job.trial.resources.cpus_per_worker)
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        here = ray.util.get_node_ip_address()
+        check_tracking(job.tracking_uri, where=here)  # before any step: one line if unreachable
+        self.sink = MetricSink(job.tracking_uri, job.run_id, enabled=self.rank == 0)
+        logged = self.sink.skip_logged()
+        if logged:
+            self.info("[train] the run has metrics up to step %d: replayed steps are not logged "
+                      "again", logged)
+        self.sink.tag("ray.nodes", ",".join(self._gather(
+            f"{ray.get_runtime_context().get_node_id()}@{here}")))
+
+    def _gather(self, value: str) -> list[str]:
+        """``value`` of every rank, in rank order."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return [value]
+        values: list = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
+    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        if backend == "deepspeed":
+            return DeepSpeedEngine(model, self.job.trial, self.world_size, self.precision)
+        import ray.train.torch
+
+        return TorchEngine(model, self.job.trial, ray.train.torch.get_device(), self.precision,
+                           wrap=ray.train.torch.prepare_model, rank=self.rank)
+
+    def restore(self, engine: Engine) -> int:
+        """The newest of the trial's checkpoints that verifies (``checkpoints.newest_good``:
+        Ray Train's latest, else the ones it kept before it).
+
+        Raises:
+            RuntimeError: checkpoints exist but none verifies.
+        """
+        import ray.train
+
+        def load(directory: str) -> int:
+            self.sink.add_pending(directory)  # points an outage kept from the run
+            return engine.load(directory)["step"]
+
+        latest = ray.train.get_checkpoint()
+        found = latest and newest_good(_newest_first(latest), lambda c: c.as_directory(), load)
+        if not found:
+            return 0
+        checkpoint, step = found
+        self.info("[train] resumed from step %d (%s)", step, checkpoint.path)
+        return step
+
+    def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        import ray.train
+
+        with tempfile.TemporaryDirectory() as d:
+            engine.save(d, {"step": step})
+            self.sink.write_pending(d)  # what an outage kept from MLflow survives a crash
+            write_manifest(d, self.rank, self.world_size, step)
+            ray.train.report({"step": step, **metrics},
+                             checkpoint=ray.train.Checkpoint.from_directory(d))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.sink.log(metrics, step)
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def close(self) -> None:
+        """Send the points still pending, retrying for up to ``FINAL_FLUSH_S``.
+
+        Raises:
+            RuntimeError: the tracking server stayed unreachable; the points are in the last
+                checkpoint, and a restart of the trial sends them.
+        """
+        if not self.sink.flush(deadline_s=FINAL_FLUSH_S):
+            raise RuntimeError(f"MLflow at {self.job.tracking_uri} unreachable for "
+                               f"{FINAL_FLUSH_S:.0f} s: {self.sink.pending} metric point(s) not "
+                               "sent (kept in the last checkpoint)")
+
+    def keep_model(self, write: Callable[[str], None]) -> None:
+        """Upload the model once the tracking server answers: ``close`` first sends the pending
+        points, probing the server every few seconds for up to ``FINAL_FLUSH_S``, so that an
+        outage is waited out there and not inside MLflow's own retries, whose exponential
+        backoff (64 s between the last tries) kept a finished trial a minute past the
+        server's return.
+
+        Raises:
+            RuntimeError: the tracking server stayed unreachable (``close``).
+        """
+        if self.job.run_id:
+            self.close()
+            from mlflow import MlflowClient
+
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "model")
+                write(path)
+                MlflowClient(self.job.tracking_uri).log_artifacts(self.job.run_id, path, "model")
+
+
+def _newest_first(latest):
+    """``latest`` (a ``ray.train.Checkpoint``), then the older checkpoints of its run directory
+    (``checkpoint_<timestamp>``, on whatever filesystem it is), newest first; listed only when
+    ``latest`` does not verify."""
+    import pyarrow.fs
+    import ray.train
+
+    yield latest
+    parent, name = latest.path.rstrip("/").rsplit("/", 1)
+    infos = latest.filesystem.get_file_info(pyarrow.fs.FileSelector(parent))
+    for older in sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory
+                         and i.base_name.startswith("checkpoint_") and i.base_name < name),
+                        reverse=True):
+        yield ray.train.Checkpoint(f"{parent}/{older}", filesystem=latest.filesystem)
+
+
+class LocalSession(Session):
+    """One process on this machine's GPU or CPU: a plain PyTorch engine, no checkpoints, metrics
+    kept in ``history`` (``{name: {step: value}}``)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.history: dict[str, dict[int, float]] = {}
+        self.made: Engine | None = None  # the engine ``engine`` built last (its name, for reports)
+
+    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+        self.made = self._build(model, backend)
+        return self.made
+
+    def _build(self, model: nn.Module, backend: Backend) -> Engine:
+        return TorchEngine(model, self.job.trial, self.device, self.precision)
+
+    def restore(self, engine: Engine) -> int:
+        return 0
+
+    def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for k, v in metrics.items():
+            self.history.setdefault(k, {})[step] = float(v)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass  # history is in memory: nothing is pending
+
+    def keep_model(self, write: Callable[[str], None]) -> None:
+        pass  # in-process runs keep no model: nothing here tracks it
+
+
+class LocalDeepSpeedSession(LocalSession):
+    """A ``LocalSession`` whose engine is DeepSpeed's (ZeRO ``training.zero_stage``, compiled as
+    ``training.compile`` says) on this one rank, as a Ray worker of a one-worker trial runs it,
+    for a workload that asks for the ``deepspeed`` backend (the others get the plain engine, as
+    ``RaySession`` gives them DDP): use it inside ``one_rank_process_group``."""
+
+    def _build(self, model: nn.Module, backend: Backend) -> Engine:
+        if backend != "deepspeed":
+            return super()._build(model, backend)
+        return DeepSpeedEngine(model, self.job.trial, self.world_size, self.precision)
+
+
+@contextmanager
+def one_rank_process_group() -> Iterator[None]:
+    """A torch.distributed process group of this process alone (rank 0 of 1) for the block,
+    destroyed after it: NCCL on a GPU (device 0), gloo on a CPU, where DeepSpeed is told to use
+    its CPU accelerator (``DS_ACCELERATOR=cpu``, unless set) as ``run_in_ray`` does. Sets the
+    launcher variables DeepSpeed reads (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) for the block, and puts back what they were.
+
+    Raises:
+        RuntimeError: a process group is already initialised.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("a torch.distributed process group is already initialised")
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # Any free port on 127.0.0.1 serves: the group's one rank is this process, so nothing on
+    # another host has to reach the store (a port taken between here and the bind fails loudly).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)}
+    before = {k: os.environ.get(k) for k in launcher}
+    os.environ.update(launcher)
+    try:
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
+                                **({"device_id": torch.device("cuda", 0)} if cuda else {}))
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
