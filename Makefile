@@ -51,7 +51,7 @@ up: setup
 
 demo: up
 	@source $(SERVICES) && \
-	  ray job submit --working-dir . -- python -m orchestrator run experiments/demo.yaml
+	  ray job submit --working-dir . -- cemlab run experiments/demo.yaml
 	@echo "Look at the runs: MLflow UI at $$(source $(SERVICES) && echo $$MLFLOW_TRACKING_URI)," \
 	  "charts with 'make dashboard'; 'make down' stops the services."
 
@@ -70,13 +70,13 @@ cluster-test: setup
 # Trains what the ledger lacks of the claims' -cpu specs (in this process, a local Ray), then
 # writes docs/results/REPORT.md and one figure per claim.
 reproduce-cpu: up
-	@source $(SERVICES) && python -m orchestrator report experiments/paper/
+	@source $(SERVICES) && cemlab report experiments/paper/
 
 # The recursion study (issue 10 §1, docs/recursion.md): the same, on experiments/studies/.
 recursion-cpu: up
-	@source $(SERVICES) && python -m orchestrator report experiments/studies/ --claims recursion \
+	@source $(SERVICES) && cemlab report experiments/studies/ --claims recursion \
 	  --out docs/results/recursion && \
-	  python -m orchestrator report experiments/studies/ --claims recursion-options \
+	  cemlab report experiments/studies/ --claims recursion-options \
 	  --out docs/results/recursion-options
 
 dashboard: up

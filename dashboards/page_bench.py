@@ -57,8 +57,8 @@ def scaling_spec(seeds: int = 3, lrs: tuple[float, ...] = (0.002,),
         "sizes": ["nano", "tiny", "micro", "mini"],
         "variants": {v: kinds[v] for v in variants}, "learning_rates": list(lrs),
         "seeds": list(range(seeds)),
-        "training": {"tokens_per_param": 20, "budget_scale": 0.05,
-                     "energy_diagnostics": True}})
+        "budget": {"tokens_per_param": 20, "budget_scale": 0.05},
+        "training": {"energy_diagnostics": True}})
 
 
 def is_cem(trial: Trial) -> bool:

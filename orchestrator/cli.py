@@ -1,4 +1,4 @@
-"""``cemlab {plan,run,train,status,results,report,models} ...``, the command line of CEM Lab
+"""``cemlab {plan,run,train,join,status,results,report,models} ...``, the command line of CEM Lab
 (also ``python -m orchestrator``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from orchestrator import local_trial
+from orchestrator import join, local_trial
 from orchestrator.claims import CLAIM_SETS
 from orchestrator.spec import SpecError, load_spec
 
@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
                        description=local_trial.__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     local_trial.add_arguments(p)
+    p = sub.add_parser("join", help="join this host to the Ray cluster of a head that `make up`"
+                       " started (checks the token, storage and address first)",
+                       description=join.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    join.add_arguments(p)
     p = sub.add_parser("status", help="progress of one experiment, or of all of them")
     p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
     p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
@@ -92,6 +97,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "join":
+        from workloads.core.reach import ServiceError
+
+        try:
+            join.join(args)  # becomes the Ray node: returns only on an error
+        except ServiceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.command == "train":  # the train loop's own log lines, as a worker prints them
         try:
             local_trial.train(args)

@@ -11,8 +11,8 @@
 ``--preset`` plans a one-trial language-model spec of that preset on the embedded Shakespeare
 (or ``--corpus``'s text files). The trial runs on one worker with the plain PyTorch engine, or
 with ``--engine deepspeed`` DeepSpeed's on a process group of this one process, as a one-worker
-Ray trial runs it. ``--zero-stage`` and ``--compile`` replace the trial's ``training.zero_stage``
-and ``training.compile``. It prints the loss as it trains, then the workload's report.
+Ray trial runs it. ``--zero-stage`` and ``--compile`` replace the trial's ``engine.zero_stage``
+and ``engine.compile``. It prints the loss as it trains, then the workload's report.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 from orchestrator.plan import batch_geometry, plan
 from orchestrator.spec import ExperimentSpec, SpecError, load_spec, parse_spec
 from workloads.core.architecture import PRESETS
-from workloads.core.config import TrainingConfig
+from workloads.core.config import EngineConfig
 from workloads.core.paths import Paths
 from workloads.core.trial import Job
 
@@ -82,10 +82,10 @@ def preset_spec(args: argparse.Namespace) -> ExperimentSpec:
         "name": f"train-{args.preset}", "workload": "language_model", "data": data,
         "sizes": [args.preset], "variants": {variant: kinds}, "learning_rates": [args.lr],
         "seeds": [args.seed],
-        "training": {"tokens": steps * args.batch_size * preset.context_length,
-                     "batch_size": args.batch_size, "micro_batch_size": args.batch_size,
-                     "eval_interval": max(steps // 4, 1), "eval_sequences": 64,
-                     "precision": args.precision},
+        "budget": {"tokens": steps * args.batch_size * preset.context_length},
+        "training": {"batch_size": args.batch_size, "micro_batch_size": args.batch_size,
+                     "eval_interval": max(steps // 4, 1), "eval_sequences": 64},
+        "engine": {"precision": args.precision},
         "resources": {"num_workers": 1}}, f"--preset {args.preset}")
 
 
@@ -131,15 +131,15 @@ def with_steps(job: Job, steps: int) -> Job:
 
 
 def with_engine_options(job: Job, zero_stage: int | None, compiles: str | None) -> Job:
-    """``job`` with ``training.zero_stage`` and ``training.compile`` replaced where given
+    """``job`` with ``engine.zero_stage`` and ``engine.compile`` replaced where given
     (``compiles``: ``auto``, ``true`` or ``false``); neither is part of a trial's identity."""
     update = {**({"zero_stage": zero_stage} if zero_stage is not None else {}),
               **({"compile": {"true": True, "false": False}.get(compiles, compiles)}
                  if compiles is not None else {})}
     if not update:
         return job
-    training = TrainingConfig.model_validate({**job.trial.training.model_dump(), **update})
-    return dataclasses.replace(job, trial=dataclasses.replace(job.trial, training=training))
+    engine = EngineConfig.model_validate({**job.trial.engine.model_dump(), **update})
+    return dataclasses.replace(job, trial=dataclasses.replace(job.trial, engine=engine))
 
 
 def train(args: argparse.Namespace) -> dict[str, float]:

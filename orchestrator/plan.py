@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.core.architecture import ModelConfig
-from workloads.core.config import NOT_SCIENCE, ResourcesConfig, TrainingConfig
+from workloads.core.config import EngineConfig, ResourcesConfig, TrainingConfig, science
 from workloads.core.precision import planned_precision
 from workloads.core.provenance import code_fingerprint
 from workloads.core.trial import Trial
@@ -30,23 +30,26 @@ def batch_geometry(training: TrainingConfig, resources: ResourcesConfig,
     return micro, share // micro
 
 
-def planned_training(spec: ExperimentSpec) -> TrainingConfig:
-    """``spec.training`` as its trials run it: ``precision: auto`` fixed to bf16 or fp32
+def planned_engine(spec: ExperimentSpec) -> EngineConfig:
+    """``spec.engine`` as its trials run it: ``precision: auto`` fixed to bf16 or fp32
     (``workloads.core.precision.planned_precision``), so that a trial's identity and its MLflow
     params say which one it trained in, and workers on other hardware train in the same."""
-    precision = planned_precision(spec.training.precision, spec.resources.use_gpu)
-    return spec.training.model_copy(update={"precision": precision})
+    precision = planned_precision(spec.engine.precision, spec.resources.use_gpu)
+    return spec.engine.model_copy(update={"precision": precision})
 
 
 def trial_id(spec: ExperimentSpec, model: ModelConfig, dataset: str, lr: float, seed: int,
              tokens: int, data: Any = None, code: str | None = None) -> str:
     """Hash of a trial's scientific identity: workload, dataset, model, data (with ``data``,
-    the prepared data: a corpus's content), budget, optimizer and precision
-    (``planned_training``), learning rate, seed and the code that computes it (``code``,
-    default ``code_fingerprint()``); not its resources, micro-batching or logging."""
+    the prepared data: a corpus's content), budget, batch, optimizer, schedule and precision
+    (``workloads.core.config.science``, the precision as planned), learning rate, seed and the
+    code that computes it (``code``, default ``code_fingerprint()``); not its resources,
+    micro-batching, logging, ZeRO stage or compiling."""
+    training = science(spec.budget, spec.training, spec.optimizer, spec.schedule,
+                       planned_engine(spec).precision)
     identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
                 "data": spec.workload_impl.identity(spec.workload_config, data),
-                "training": planned_training(spec).model_dump(exclude=NOT_SCIENCE),
+                "training": training,
                 "lr": lr, "seed": seed, "tokens": tokens, "code": code or code_fingerprint()}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -61,19 +64,21 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     config = spec.workload_config
     vocab = workload.vocab_size(config, data)
     micro, accum = batch_geometry(spec.training, spec.resources, workload.micro_batches)
-    training = planned_training(spec)
+    engine = planned_engine(spec)
     trials = []
     for dataset in workload.datasets(config):
         for size in spec.sizes:
             for variant, overrides in spec.variants.items():
                 model = overrides.resolve(size, vocab)
-                budget = workload.budget(config, spec.training, size, model)
+                budget = workload.budget(config, spec.budget, spec.training, size, model)
                 for lr in spec.learning_rates:
                     for seed in spec.seeds:
                         trials.append(Trial(
                             trial_id(spec, model, dataset, lr, seed, budget.units, data),
                             spec.workload, dataset, variant, size, lr, seed, model, config,
-                            training, spec.resources, budget, micro, accum))
+                            training=spec.training, optimizer=spec.optimizer,
+                            schedule=spec.schedule, engine=engine, resources=spec.resources,
+                            budget=budget, micro_batch_size=micro, grad_accum=accum))
     return trials
 
 
@@ -119,13 +124,14 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
              "attn": t.params["attention"], "mlp": t.params["mlp"], unit: t.tokens,
              "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
              f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(workload.memory(
-                 t.model, t.training, t.resources, t.micro_batch_size)),
+                 t.model, t.engine, t.resources, t.micro_batch_size)),
              **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
             for i, t in enumerate(trials)]
     r, tr, first = spec.resources, spec.training, trials[0]
+    zero_stage, precision = first.engine.zero_stage, first.engine.precision
     head = (f"experiment {spec.name} ({spec.workload}): {len(trials)} trial(s); each "
             f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
-            f", ZeRO {tr.zero_stage}, {first.training.precision}, global batch {tr.batch_size} = "
+            f", ZeRO {zero_stage}, {precision}, global batch {tr.batch_size} = "
             f"{first.micro_batch_size} per micro-batch x {first.grad_accum} accumulation x "
             f"{r.num_workers} worker(s)")
     total = (f"total: {sum(t.tokens for t in trials):,} {unit}, "

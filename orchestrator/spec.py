@@ -1,7 +1,8 @@
 """Experiment specs: YAML (safe_load) into strict pydantic models. This module only validates.
 
-The sections are the runtime configs themselves: ``training`` (``TrainingConfig``),
-``resources`` (``ResourcesConfig``) and the workload's own section (``data`` for the language
+The sections are the runtime configs themselves, each owned by the component that builds from
+it (``workloads.core.config``): ``budget``, ``training``, ``optimizer``, ``schedule``,
+``engine``, ``resources``, and the workload's own section (``data`` for the language
 model, ``gp`` for GP regression: whatever ``Workload.section`` and ``config_type`` say), so the
 objects validated here are the ones the workers use. Unknown keys, wrong types and missing corpus
 files are rejected at load time with one line that names the field (``SpecError``), before any
@@ -30,7 +31,16 @@ from pydantic import (
 
 from orchestrator.spec_yaml import SpecFileError, read_spec_yaml
 from workloads.core.architecture import PRESETS, ModelConfig
-from workloads.core.config import ResourcesConfig, StrictModel, TrainingConfig
+from workloads.core.config import (
+    MOVED,
+    BudgetConfig,
+    EngineConfig,
+    OptimizerConfig,
+    ResourcesConfig,
+    ScheduleConfig,
+    StrictModel,
+    TrainingConfig,
+)
 from workloads.core.registry import get_workload, workloads
 from workloads.core.workload import Workload
 
@@ -98,8 +108,22 @@ class ExperimentSpec(StrictModel):
     variants: dict[str, Variant] = Field(min_length=1)  # type: ignore[valid-type]
     learning_rates: list[float] = Field(PAPER_LEARNING_RATES, min_length=1)
     seeds: list[NonNegativeInt] = Field([0], min_length=1)
+    budget: BudgetConfig = BudgetConfig()
     training: TrainingConfig = TrainingConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    engine: EngineConfig = EngineConfig()
     resources: ResourcesConfig = ResourcesConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """A key of the former single ``training`` section names its section now."""
+        training = data.get("training") if isinstance(data, dict) else None
+        for key in training if isinstance(training, dict) else ():
+            if key in MOVED:
+                raise _FieldError(("training", key), f"moved to {MOVED[key]}")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -176,9 +200,9 @@ class ExperimentSpec(StrictModel):
             raise _FieldError(("training", "batch_size"),
                               f"{self.training.batch_size} is not a multiple of "
                               f"resources.num_workers = {self.resources.num_workers}")
-        scales = self.training.budget_scale
+        scales = self.budget.budget_scale
         if isinstance(scales, dict) and set(scales) != set(self.sizes):
-            raise _FieldError(("training", "budget_scale"),
+            raise _FieldError(("budget", "budget_scale"),
                               f"needs one scale per size {sorted(self.sizes)}, got "
                               f"{sorted(scales)}")
         models = {}
@@ -195,22 +219,23 @@ class ExperimentSpec(StrictModel):
         """Refuse a trial whose estimated memory per GPU (``Workload.memory`` at the spec's
         ``micro_batch_size``) exceeds ``resources.gpu_memory_gb``; ``models``: each (variant,
         size)'s resolved config."""
-        r, t = self.resources, self.training
+        r, t, e = self.resources, self.training, self.engine
         if not (r.use_gpu and r.gpu_memory_gb):
             return
         for (name, size), model in models.items():
-            need = self.workload_impl.memory(model, t, r, t.micro_batch_size)
+            need = self.workload_impl.memory(model, e, r, t.micro_batch_size)
             if need is not None and need.total > r.gpu_memory_gb * 2**30:
                 raise _FieldError(("resources", "gpu_memory_gb"), (
                     f"{name}@{size} needs about {need.describe()} per GPU with ZeRO "
-                    f"{t.zero_stage} on {r.num_workers} GPU(s) at micro_batch_size "
+                    f"{e.zero_stage} on {r.num_workers} GPU(s) at micro_batch_size "
                     f"{t.micro_batch_size}, more than the {r.gpu_memory_gb:g} GiB given: "
-                    "lower training.micro_batch_size, raise the ZeRO stage or add GPUs"))
+                    "lower training.micro_batch_size, raise engine.zero_stage or add GPUs"))
 
 
 def _field_names() -> frozenset[str]:
     """Every field name of the spec's models (its sections, variants, workload sections)."""
-    models = [ExperimentSpec, TrainingConfig, ResourcesConfig, Variant,
+    models = [ExperimentSpec, BudgetConfig, TrainingConfig, OptimizerConfig, ScheduleConfig,
+              EngineConfig, ResourcesConfig, Variant,
               *(w.config_type for w in workloads().values())]
     return frozenset(name for m in models for name in m.model_fields)
 

@@ -19,6 +19,7 @@ TRIAL_TAG = "cemlab.trial_id"
 ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own: the UI shows it as the run's source
+SECTIONS = ("training", "optimizer", "schedule", "engine", "resources")  # a trial's, as params
 CODE_TAG = "cemlab.code"  # provenance.code_fingerprint(), part of every trial id
 
 
@@ -84,7 +85,8 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
     its parameter counts.
 
     Params: ``model.*`` (the resolved ``ModelConfig``), the workload's ``section`` (``data.*``
-    or ``gp.*``), ``training.*``, ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
+    or ``gp.*``), ``training.*``, ``optimizer.*``, ``schedule.*``, ``engine.*``,
+    ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
     steps and batch geometry. Tags: the trial's coordinates, ``cemlab.exact_gradient``
     (``false`` when its CEM attention steps are not the exact energy gradient,
     ``ModelConfig.exact_gradient``) and ``provenance_tags`` (commit, code fingerprint).
@@ -100,8 +102,7 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
             **provenance_tags()}
     run = client.create_run(exp_id, run_name=trial.label, tags=tags)
     params = flatten({"model": trial.model.to_dict(), section: trial.config.model_dump(),
-                      "training": trial.training.model_dump(),
-                      "resources": trial.resources.model_dump()})
+                      **{name: getattr(trial, name).model_dump() for name in SECTIONS}})
     params.update({"trial_id": trial.trial_id, "training.steps": trial.steps, "lr": trial.lr,
                    "seed": trial.seed, "dataset": trial.dataset, "tokens": trial.tokens,
                    "training.micro_batch": trial.micro_batch_size,

@@ -4,7 +4,7 @@
     python infra/cluster/request_resources.py --release
 
 Run it on the cluster (``ray exec CONFIG "cd ~/.cemlab-cluster/cemlab && python ..."`` or
-``kubectl exec`` into the head pod). ``python -m orchestrator run`` sizes Ray Tune's concurrency
+``kubectl exec`` into the head pod). ``cemlab run`` sizes Ray Tune's concurrency
 from the resources the cluster has when it starts: on a cluster whose GPU workers scale from
 zero that is one trial at a time, and the autoscaler then never adds a second GPU node. This
 asks for one bundle per trial (all of its workers' CPUs and GPUs, so that each lands on one

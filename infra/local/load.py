@@ -45,7 +45,7 @@ from infra.local.services_env import read_services_env
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINING = {"batch_size": 16, "micro_batch_size": 16, "eval_interval": 20, "eval_sequences": 8,
-            "log_interval": 5, "zero_stage": 0}
+            "log_interval": 5}
 
 
 def expected_points(steps: int, log_interval: int, eval_interval: int) -> dict[str, set[int]]:
@@ -84,7 +84,8 @@ def run(trials: int, steps: int, server: str) -> int:
     spec = {"name": "load", "data": {"source": "shakespeare", "vocab_size": 512},
             "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
             "seeds": list(range(trials)),
-            "training": {**TRAINING, "tokens": steps * 16 * 64},
+            "budget": {"tokens": steps * 16 * 64}, "training": TRAINING,
+            "engine": {"zero_stage": 0},
             "resources": {"num_workers": 1, "cpus_per_worker": 1}}
     spec_path = home / "load.yaml"
     spec_path.write_text(yaml.safe_dump(spec))

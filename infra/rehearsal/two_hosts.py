@@ -5,10 +5,12 @@ runs the S3 API server (moto), the MLflow server (PostgreSQL backend store, arti
 S3) and the Ray head (token auth), all bound to that address by ``infra/local/up.sh``. Host B is
 a network namespace holding the other end (``10.231.N.2``) and, for each start of its Ray node,
 a mount namespace of its own: private tmpfs over ``/tmp`` (Ray's temp dir is under it), over
-``/dev/shm`` (the object store) and over ``CEMLAB_HOME``, so that B sees none of A's state; only
-the code (the checkout and its virtualenv) is the same, as on nodes built from one image. B's
-environment is built from nothing: the Ray token, the S3 credentials, ``GLOO_SOCKET_IFNAME``;
-no setting of A's (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` above all) reaches it.
+``/dev/shm`` (the object store) and over A's ``CEMLAB_HOME``, so that B sees none of A's state;
+only the code (the checkout and its virtualenv) is the same, as on nodes built from one image.
+B's environment is built from nothing: the storage root and its S3 credentials, as on the head;
+no setting of A's (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` above all) reaches it. B joins with the
+documented command alone, ``cemlab join HEAD --token-file ...`` (the head's token copied to B),
+which finds B's address, its Gloo interface and a node-local ``CEMLAB_HOME`` itself.
 
 Needs root (``ip netns``, ``unshare -m``, ``mount``). ``TwoHosts`` removes exactly the
 namespace, link, processes and directories it created, even when a step fails. Used by
@@ -32,6 +34,9 @@ from infra.local.services_env import read_services_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+B_HOME = "/tmp/home-b"  # host B's $HOME, on its private /tmp
+B_TOKEN = f"{B_HOME}/ray_auth_token"  # the head's token, copied to host B
 
 class HarnessError(RuntimeError):
     """The rehearsal cannot run here; ``str()`` is one line."""
@@ -200,16 +205,18 @@ class TwoHosts:
             "mount -t tmpfs cemlab-b-shm /dev/shm",
             *[f"mkdir -p {p} && mount --move {stash}/{i} {p}" for i, p in enumerate(keep)],
             f"mkdir -p {self.home} && mount -t tmpfs cemlab-b-home {self.home}",
-            'mkdir -p "$HOME" && (umask 077 && printf %s "$CEMLAB_B_TOKEN" > '
-            '"$RAY_AUTH_TOKEN_PATH") && unset CEMLAB_B_TOKEN',
-            f"exec ray start --address={self.env['CEMLAB_RAY_GCS_ADDRESS']} "
-            f"--node-ip-address={self.b} --num-cpus=1 --object-store-memory={2**29} "
-            "--disable-usage-stats --block",
+            # The token copied from the head, then the one documented command.
+            f'mkdir -p "$HOME" && (umask 077 && printf %s "$CEMLAB_B_TOKEN" > {B_TOKEN}) '
+            "&& unset CEMLAB_B_TOKEN",
+            f"exec cemlab join {self.env['CEMLAB_RAY_GCS_ADDRESS']} --token-file {B_TOKEN} "
+            f"--num-cpus 1 --object-store-memory {2**29} --block",
         ])
+        # Host B's environment: the storage root and its S3 credentials, as on the head, and
+        # nothing else of the cluster's: the join finds B's address, its Gloo interface and a
+        # node-local CEMLAB_HOME (under $HOME/.cache) itself.
         env = {"PATH": f"{venv}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/tmp/home-b", "LANG": "C.UTF-8", **self.s3_env,
-               "CEMLAB_HOME": str(self.home), "GLOO_SOCKET_IFNAME": self.veth_b,
-               "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/tmp/home-b/ray_auth_token",
+               "HOME": B_HOME, "LANG": "C.UTF-8", **self.s3_env,
+               "CEMLAB_STORAGE": self.storage, "CEMLAB_S3_ENDPOINT_URL": self.s3_endpoint,
                "CEMLAB_B_TOKEN": self.token, "PYTHONUNBUFFERED": "1"}
         log = open(self.workdir / "host-b.log", "a")  # noqa: SIM115
         self._b_proc = subprocess.Popen(

@@ -384,7 +384,7 @@ def test_rayjob_runs_fig3a_on_four_nodes_of_eight_gpus():
 
     job = doc_of("RayJob")
     spec = job["spec"]
-    assert spec["entrypoint"] == f"python -m orchestrator run {FIG3A}"
+    assert spec["entrypoint"] == f"cemlab run {FIG3A}"
     assert spec["shutdownAfterJobFinishes"] is True
     assert (ROOT / FIG3A).is_file()
     # The driver's working directory is the project as the image installs it.

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from infra.rehearsal.two_hosts import TwoHosts, missing_requirement
+from infra.rehearsal.two_hosts import B_HOME, TwoHosts, missing_requirement
 from orchestrator.ledger import Ledger, Status
 from orchestrator.tracking import ROLE_TAG
 from tests.orchestrator.conftest import write_spec
@@ -35,8 +35,9 @@ pytestmark = [pytest.mark.slow,
 STEPS = 160
 SPEC = {"name": "two-hosts", "data": {"source": "shakespeare", "vocab_size": 512},
         "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
-        "training": {"tokens": STEPS * 16 * 64, "batch_size": 16, "eval_interval": 20,
-                     "eval_sequences": 16, "precision": "fp32", "zero_stage": 2},
+        "budget": {"tokens": STEPS * 16 * 64},
+        "training": {"batch_size": 16, "eval_interval": 20, "eval_sequences": 16},
+        "engine": {"precision": "fp32", "zero_stage": 2},
         "resources": {"num_workers": 2, "cpus_per_worker": 1,
                       "placement_strategy": "STRICT_SPREAD"}}
 
@@ -105,10 +106,11 @@ def test_a_trial_spans_two_hosts_matches_one_host_and_survives_losing_one(
               f"{one.metric:.6f}, relative difference {rel:.2e}")
         assert two.trial_hash == one.trial_hash and rel <= 1e-4
 
-        # Host B kept to itself: A's home is not visible there, and B fetched the corpus (and
-        # the token, written at start) into its own home from S3.
+        # Host B kept to itself: A's home is not visible there, and B fetched the corpus from
+        # S3 into the node-local home its join chose ($HOME/.cache/cemlab).
         assert hosts.on_b("test", "-e", str(hosts.home / "host-a-marker")).returncode == 1
-        b_home = hosts.on_b("find", str(hosts.home), "-name", "manifest.json").stdout.split()
+        b_home = hosts.on_b("find", f"{B_HOME}/.cache/cemlab", "-name",
+                            "manifest.json").stdout.split()
         assert any("/data/corpus-" in p for p in b_home), b_home
         assert (hosts.home / "host-a-marker").exists()
 

@@ -41,9 +41,10 @@ SPEC = {
     "variants": {"llama": {"attention": "llama", "mlp": "llama"},
                  "cem": CEM_BEST},  # T = 2, shared diagonal, diag-plus-low-rank preconditioners
     "learning_rates": [0.004, 0.008],
-    "training": {"tokens": 40960, "batch_size": 16, "micro_batch_size": 8,
-                 "eval_interval": 20, "eval_sequences": 32, "log_interval": 5,
-                 "zero_stage": 2, "energy_diagnostics": True},
+    "budget": {"tokens": 40960},
+    "training": {"batch_size": 16, "micro_batch_size": 8, "eval_interval": 20,
+                 "eval_sequences": 32, "log_interval": 5, "energy_diagnostics": True},
+    "engine": {"zero_stage": 2},
     "resources": {"num_workers": 2, "cpus_per_worker": 1},
 }
 
@@ -120,7 +121,7 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         cfg = spec.variants[variant].resolve("nano", 512)
         counts = parameter_counts(cfg)
         assert {k: int(m[f"params_{k}"]) for k in counts} == counts
-        assert p["model.attention"] == variant and p["training.zero_stage"] == "2"
+        assert p["model.attention"] == variant and p["engine.zero_stage"] == "2"
         assert p["training.grad_accum"] == "1" and p["training.micro_batch"] == "8"
         assert m["tokens_seen"] == steps * 16 * 64
         assert m["test_perplexity"] == pytest.approx(math.exp(m["test_loss"]), rel=1e-6)
@@ -130,7 +131,7 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         # Where its wall time went: the phases close to the driver's total.
         phases = [m[f"time/{p}_s"] for p in ("startup", "train", "eval", "checkpoint",
                                              "teardown")]
-        assert m["time/compile_s"] == 0  # training.compile: auto compiles on GPUs only
+        assert m["time/compile_s"] == 0  # engine.compile: auto compiles on GPUs only
         assert all(s > 0 for s in phases) and sum(phases) == pytest.approx(m["time/total_s"])
         assert m["time/train_s"] < m["train_wall_s"] < m["time/total_s"]
         # MFU over the train steps: the analytic FLOPs of every step over the train phase.
@@ -240,16 +241,17 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     # A Llama baseline exports to Hugging Face with our logits.
     import transformers
 
-    from orchestrator.model_registry import download_package
+    from orchestrator.model_registry import download_model
     from workloads.lm.package import load_decoder
+    from workloads.lm.workload import package_dir
 
     exported = orchestrator(env, "models", "export", "cemlab-llama-nano@best", "--format", "hf",
                             str(tmp_path / "hf"))
     assert exported.returncode == 0, exported.stderr[-2000:]
     llama = client.get_model_version_by_alias("cemlab-llama-nano", "best")
     # The weights as trained (bf16 here), both models computing in fp32: the mapping is exact.
-    ours = load_decoder(download_package(llama, env["MLFLOW_TRACKING_URI"], tmp_path / "dl"),
-                        dtype=torch.float32)
+    model_dir = download_model(llama, env["MLFLOW_TRACKING_URI"], tmp_path / "dl")
+    ours = load_decoder(package_dir(model_dir), dtype=torch.float32)
     hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf",
                                                        dtype=torch.float32).eval()
     x = torch.randint(512, (2, 64))
@@ -315,8 +317,8 @@ def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(ser
 def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(services, tmp_path):
     home, env = services
     spec = {**SPEC, "name": "resume", "variants": {"llama": {}}, "learning_rates": [0.004],
-            "training": {**SPEC["training"], "tokens": 200 * 16 * 64, "eval_sequences": 8,
-                         "energy_diagnostics": False}}
+            "budget": {"tokens": 200 * 16 * 64},
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False}}
     spec_path = write_spec(tmp_path, spec)
     cmd = [sys.executable, "-m", "orchestrator", "run", str(spec_path)]
     first = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -376,9 +378,10 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     home, env = services
     spec = {**SPEC, "name": "bf16-reference", "variants": {"llama": {}},
             "learning_rates": [0.004],
-            "training": {**SPEC["training"], "tokens": 200 * 16 * 64, "eval_interval": 25,
-                         "eval_sequences": 8, "energy_diagnostics": False,
-                         "precision": "bf16"}}
+            "budget": {"tokens": 200 * 16 * 64},
+            "training": {**SPEC["training"], "eval_interval": 25, "eval_sequences": 8,
+                         "energy_diagnostics": False},
+            "engine": {"precision": "bf16"}}
     reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
     spec_path = write_spec(tmp_path, {**spec, "name": "bf16-killed"})
@@ -424,8 +427,8 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
     home, env = services
     spec = {**SPEC, "name": "one-fails", "variants": {"llama": {}}, "learning_rates": [0.004],
             "seeds": [0, 1],
-            "training": {**SPEC["training"], "tokens": 100 * 16 * 64, "eval_sequences": 8,
-                         "energy_diagnostics": False},  # a checkpoint every 20 steps
+            "budget": {"tokens": 100 * 16 * 64},  # a checkpoint every 20 steps
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "resources": {"num_workers": 1, "cpus_per_worker": 2, "max_failures": 0}}
     spec_path = write_spec(tmp_path, spec)
     job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
@@ -518,8 +521,8 @@ def test_a_60_s_tracking_outage_inside_a_trial_loses_no_metric_point(services, t
 
     home, env = services
     spec = {**SPEC, "name": "outage", "variants": {"llama": {}}, "learning_rates": [0.004],
-            "training": {**SPEC["training"], "tokens": 160 * 16 * 64, "eval_sequences": 8,
-                         "energy_diagnostics": False},
+            "budget": {"tokens": 160 * 16 * 64},
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "resources": {"num_workers": 1, "cpus_per_worker": 1}}
     job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run",
                             str(write_spec(tmp_path, spec))], cwd=ROOT, stdout=subprocess.PIPE,

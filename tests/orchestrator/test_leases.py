@@ -12,7 +12,7 @@ from workloads.core.trial import Trial
 
 def _trial(trial_id: str) -> Trial:
     return Trial(trial_id, "language_model", "d", "v", "s", 0.01, 0, None, None, None, None,
-                 None, 1, 1)
+                 None, None, None, None, 1, 1)
 
 
 def _ledger(tmp_path, n: int) -> tuple[Ledger, int, list[int]]:

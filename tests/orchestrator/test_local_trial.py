@@ -125,7 +125,7 @@ def test_the_profile_splits_a_whole_train_step(corpus_glob, tmp_path, train_here
 
 
 def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
-    """``--zero-stage`` and ``--compile`` replace ``training.zero_stage``/``training.compile``
+    """``--zero-stage`` and ``--compile`` replace ``engine.zero_stage``/``engine.compile``
     of the trial (a preset's or a spec's), and only where given."""
     from orchestrator.local_trial import with_engine_options
     from orchestrator.plan import plan
@@ -134,13 +134,13 @@ def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
 
     spec = parse_spec({"name": "gp-one", "workload": "gp_regression", "sizes": ["gp-small"],
                        "variants": {"t1": {"mlp_steps": 1}}, "learning_rates": [0.004],
-                       "training": {"zero_stage": 2, "compile": "auto"}})
+                       "engine": {"zero_stage": 2, "compile": "auto"}})
     job = Job(plan(spec)[0])
     args = parse("--spec", "s.yaml", "--trial", "0", "--zero-stage", "3", "--compile", "false")
-    replaced = with_engine_options(job, args.zero_stage, args.compile).trial.training
+    replaced = with_engine_options(job, args.zero_stage, args.compile).trial.engine
     assert (replaced.zero_stage, replaced.compile) == (3, False)
-    assert with_engine_options(job, None, "true").trial.training.compile is True
-    assert with_engine_options(job, 0, None).trial.training.compile == "auto"
+    assert with_engine_options(job, None, "true").trial.engine.compile is True
+    assert with_engine_options(job, 0, None).trial.engine.compile == "auto"
     assert with_engine_options(job, None, None) is job
     assert parse("--preset", "nano").engine == "torch"
 
@@ -172,8 +172,8 @@ def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_pat
                                        "vocab_size": 512},
             "sizes": ["nano"], "variants": {"llama": {}, "cem": {"attention": "cem"}},
             "learning_rates": [0.004],
-            "training": {"tokens": 4096, "batch_size": 8, "eval_interval": 4,
-                         "eval_sequences": 8}}
+            "budget": {"tokens": 4096},
+            "training": {"batch_size": 8, "eval_interval": 4, "eval_sequences": 8}}
     path = tmp_path / "lm.yaml"
     path.write_text(yaml.safe_dump(spec))
     loaded = load_spec(path)
@@ -197,9 +197,10 @@ def test_a_multi_worker_spec_trial_takes_its_whole_batch_per_step_in_process(
         spec = {"name": f"lm-{workers}", "data": {"source": "text_files", "paths": corpus_glob,
                                                   "vocab_size": 512},
                 "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
-                "training": {"tokens": 6 * 8 * 64, "batch_size": 8, "micro_batch_size": 4,
-                             "eval_interval": 3, "eval_sequences": 8, "log_interval": 3,
-                             "precision": "fp32"},
+                "budget": {"tokens": 6 * 8 * 64},
+                "training": {"batch_size": 8, "micro_batch_size": 4, "eval_interval": 3,
+                             "eval_sequences": 8, "log_interval": 3},
+                "engine": {"precision": "fp32"},
                 "resources": {"num_workers": workers}}
         path, metrics = tmp_path / f"lm-{workers}.yaml", tmp_path / f"m-{workers}.json"
         path.write_text(yaml.safe_dump(spec))

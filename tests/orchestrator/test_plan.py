@@ -19,7 +19,7 @@ PAPER_SCALE = [p for p in PAPER if not p.stem.endswith("-cpu")]
 
 GRID = {"name": "grid", "data": {"vocab_size": 512}, "sizes": ["nano", "micro"],
         "variants": {"llama": {}, "cem": {"attention": "cem", "mlp": "cem", "attn_steps": 2}},
-        "seeds": [0, 1], "training": {"budget_scale": 0.01, "batch_size": 16},
+        "seeds": [0, 1], "budget": {"budget_scale": 0.01}, "training": {"batch_size": 16},
         "resources": {"num_workers": 2}}
 
 
@@ -37,7 +37,7 @@ def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
     for size, (d, n_layer, f, ctx) in {"nano": (32, 2, 96, 64),
                                        "micro": (128, 4, 384, 256)}.items():
         budget = 20 * llama_params(512, d, n_layer, f) * 0.01
-        assert token_budget(spec.training, size, 512) == round(budget)
+        assert token_budget(spec.budget, size, 512) == round(budget)
         same_size = [t for t in trials if t.size == size]
         # The CEM twin trains on the Llama baseline's tokens, rounded up to whole steps.
         assert {t.tokens for t in same_size} == {-(-round(budget) // (16 * ctx)) * 16 * ctx}
@@ -49,11 +49,11 @@ def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
 
 
 def test_a_budget_scale_per_size_scales_each_size_s_chinchilla_budget():
-    spec = parse_spec({**GRID, "training": {"budget_scale": {"nano": 1.0, "micro": 0.25},
-                                            "batch_size": 16}})
+    spec = parse_spec({**GRID, "budget": {"budget_scale": {"nano": 1.0, "micro": 0.25}},
+                       "training": {"batch_size": 16}})
     for size, (d, n_layer, f), scale in [("nano", (32, 2, 96), 1.0),
                                          ("micro", (128, 4, 384), 0.25)]:
-        assert token_budget(spec.training, size, 512) == round(
+        assert token_budget(spec.budget, size, 512) == round(
             20 * llama_params(512, d, n_layer, f) * scale)
 
 
@@ -138,8 +138,8 @@ def test_every_paper_spec_plans(path, capsys):
         assert {t.model.context_length for t in trials} == {2048}
         assert {t.model.vocab_size for t in trials} == {32000}
         assert spec.resources.num_workers == 8 and spec.resources.use_gpu
-        assert spec.training.batch_size == 128 and spec.training.tokens_per_param == 20
-        assert spec.training.budget_scale == 1
+        assert spec.training.batch_size == 128 and spec.budget.tokens_per_param == 20
+        assert spec.budget.budget_scale == 1
 
 
 @pytest.mark.parametrize("path", PAPER_SCALE, ids=lambda p: p.stem)
@@ -191,13 +191,13 @@ def test_precision_auto_is_fixed_when_planned_and_is_part_of_the_trial_id():
 
     here = "bf16" if bf16_supported() else "fp32"
     auto = parse_spec(GRID)
-    assert auto.training.precision == "auto"
-    assert {t.training.precision for t in plan(auto)} == {here}
+    assert auto.engine.precision == "auto"
+    assert {t.engine.precision for t in plan(auto)} == {here}
     gpu = parse_spec({**GRID, "resources": {"num_workers": 2, "use_gpu": True}})
-    assert {t.training.precision for t in plan(gpu)} == {"bf16"}
+    assert {t.engine.precision for t in plan(gpu)} == {"bf16"}
 
     def ids(precision: str) -> list[str]:
-        pinned = {**GRID, "training": {**GRID["training"], "precision": precision}}
+        pinned = {**GRID, "training": {**GRID["training"]}, "engine": {"precision": precision}}
         return [t.trial_id for t in plan(parse_spec(pinned))]
 
     other = "fp32" if here == "bf16" else "bf16"

@@ -18,7 +18,7 @@ from workloads.lm.workload import package_dir
 
 SPEC = {"name": "reg", "data": {"source": "shakespeare", "vocab_size": 320}, "sizes": ["nano"],
         "variants": {"llama": {}}, "learning_rates": [0.002, 0.004, 0.008],
-        "training": {"tokens": 4096, "batch_size": 8}}
+        "budget": {"tokens": 4096}, "training": {"batch_size": 8}}
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ def test_the_recursion_ladder_differs_only_in_training_tokens():
     specs = [load_spec(claim_spec_path(STUDIES, by_key[k], "cpu")) for k in claim_set.ladder]
     for arm in ("t1", "t2"):
         assert len({s.variants[arm].resolve("tiny") for s in specs}) == 1
-    scales = [s.training.budget_scale for s in specs]
+    scales = [s.budget.budget_scale for s in specs]
     assert [x / scales[0] for x in scales] == [1, 4, 16]
 
 
@@ -178,7 +178,7 @@ def test_a_token_ladder_draws_each_arm_against_its_specs_tokens(tmp_path):
         return parse_spec({"name": name, "sizes": ["nano"], "seeds": [0, 1],
                            "variants": {"t1": {"attention": "cem"},
                                         "t2": {"attention": "cem", "attn_steps": 2}},
-                           "learning_rates": [0.002], "training": {"tokens": tokens}})
+                           "learning_rates": [0.002], "budget": {"tokens": tokens}})
 
     short, long = spec("short", 20480), spec("long", 81920)
     claims = [Claim(k, f"T=2 beats T=1 on {s.name}", "q", "Sec. 4", s.name,

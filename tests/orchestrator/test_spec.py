@@ -35,16 +35,19 @@ def demo_with(tmp_path: Path, patch) -> Path:
 @pytest.mark.parametrize(("patch", "field"), [
     (lambda d: d["training"].update(learning_rate=0.1), "training.learning_rate: unknown key"),
     (lambda d: d["variants"]["cem"].update(atention="cem"), "variants.cem.atention: unknown key"),
-    (lambda d: d["training"].update(tokens="lots"), "training.tokens: Input should be a valid"),
+    (lambda d: d["budget"].update(tokens="lots"), "budget.tokens: Input should be a valid"),
+    (lambda d: d["training"].update(zero_stage=2),
+     "training.zero_stage: moved to engine.zero_stage"),
+    (lambda d: d["training"].update(tokens=8), "training.tokens: moved to budget.tokens"),
     (lambda d: d["variants"]["cem"].update(mlp="moe"), "variants.cem.mlp: Input should be"),
     (lambda d: d.update(data={"source": "text_files", "paths": "/nonexistent/*.txt"}),
      "data.paths: no corpus file matches '/nonexistent/*.txt'"),
     (lambda d: d["training"].update(batch_size=15), "training.batch_size: 15 is not a multiple"),
     (lambda d: d.update(learning_rates=[0.001, -0.1]), "learning_rates: every learning rate"),
     (lambda d: d.update(seeds=[1, 1]), "seeds: seeds must be distinct"),
-    (lambda d: d["training"].update(budget_scale={"nano": 1.0}),
-     "training.budget_scale: needs one scale per size ['micro'], got ['nano']"),
-    (lambda d: d["training"].update(budget_scale={"micro": 0}), "training.budget_scale"),
+    (lambda d: d["budget"].update(budget_scale={"nano": 1.0}),
+     "budget.budget_scale: needs one scale per size ['micro'], got ['nano']"),
+    (lambda d: d["budget"].update(budget_scale={"micro": 0}), "budget.budget_scale"),
     (lambda d: d.update(sizes=["llama-1b"]), "sizes: unknown preset(s) llama-1b"),
     (lambda d: d.update(data={"source": "slimpajama"}), "data.max_documents: required"),
     (lambda d: d.update(data={"source": "slimpajama", "max_documents": 9,
@@ -70,12 +73,12 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d["variants"]["cem"].update(n_layer=-2), "variants.cem: n_layer must be >= 1"),
     (lambda d: d["variants"]["cem"].update(attn_steps=0), "variants.cem: attn_steps must be"),
     (lambda d: d["training"].update(batch_size=0), "training.batch_size: Input should be great"),
-    (lambda d: d["training"].update(tokens=-5), "training.tokens: Input should be greater"),
+    (lambda d: d["budget"].update(tokens=-5), "budget.tokens: Input should be greater"),
     (lambda d: d.update(learning_rates=[0.0]), "learning_rates: every learning rate must be > 0"),
     (lambda d: d.update(learning_rates=[float("nan")]), "learning_rates.0: Input should be a fin"),
     (lambda d: d.update(learning_rates=[float("inf")]), "learning_rates.0: Input should be a fin"),
-    (lambda d: d["training"].update(budget_scale=float("inf")),
-     "training.budget_scale: Input should be a finite number"),
+    (lambda d: d["budget"].update(budget_scale=float("inf")),
+     "budget.budget_scale: Input should be a finite number"),
     (lambda d: d["variants"]["cem"].update(attn_step_size=float("nan")),
      "variants.cem.attn_step_size: Input should be a finite number"),
     (lambda d: d["variants"]["cem"].update(d_mlp_scale=float("inf")),
@@ -83,7 +86,7 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d.update(seeds=[-1]), "seeds.0: Input should be greater than or equal to 0"),
     (lambda d: d.update(name="../escape"), "name: String should match pattern"),
     (lambda d: d.update(workload="vision"), "workload: unknown workload 'vision'"),
-    (lambda d: d["training"].update(zero_stage=4), "training.zero_stage: Input should be 0, 1,"),
+    (lambda d: d["engine"].update(zero_stage=4), "engine.zero_stage: Input should be 0, 1,"),
     (lambda d: d["data"].update(tokenizer="not a tokenizer!"),
      "data.tokenizer: 'not a tokenizer!' is neither a directory nor a Hugging Face hub name"),
     # a grid over the cap (MAX_TRIALS) without --yes
@@ -160,7 +163,7 @@ def test_yaml_1_2_floats_and_aliases_that_stay_small_are_read(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: x\nsizes: [micro]\nlearning_rates: [1e-3, 2E-3, .5e-2]\n"
                     "variants:\n  a: &cem {attention: cem}\n  b: *cem\n"
-                    "training: {tokens: 800000, batch_size: 16}\n")
+                    "budget: {tokens: 800000}\ntraining: {batch_size: 16}\n")
     loaded = load_spec(spec)
     assert loaded.learning_rates == [0.001, 0.002, 0.005]
     assert loaded.variants["a"] == loaded.variants["b"]
@@ -197,7 +200,7 @@ def test_plan_prints_every_trial_and_runs_nothing(tmp_path):
         assert t.trial_id in proc.stdout and t.variant in proc.stdout
         assert f"{t.params['total']:,}" in proc.stdout
         assert t.steps * spec.training.batch_size * t.model.context_length == t.tokens
-        assert t.tokens >= spec.training.tokens
+        assert t.tokens >= spec.budget.tokens
     assert not home.exists()
 
 
@@ -205,11 +208,12 @@ def test_trial_id_is_the_science_not_the_resources():
     spec = load_spec(DEMO)
     fewer_workers = parse_spec({**spec.model_dump(), "resources": {"num_workers": 1}})
     smaller_micro = parse_spec({**spec.model_dump(),
-                                "training": {**spec.training.model_dump(), "micro_batch_size": 4,
-                                             "zero_stage": 3}})
+                                "training": {**spec.training.model_dump(),
+                                             "micro_batch_size": 4},
+                                "engine": {"zero_stage": 3}})
     more_lrs = parse_spec({**spec.model_dump(), "learning_rates": [0.002, 0.004]})
     other_decay = parse_spec({**spec.model_dump(),
-                              "training": {**spec.training.model_dump(), "weight_decay": 0.0}})
+                              "optimizer": {"weight_decay": 0.0}})
     ids = [t.trial_id for t in plan(spec)]
     assert [t.trial_id for t in plan(fewer_workers)] == ids
     assert [t.trial_id for t in plan(smaller_micro)] == ids

@@ -11,13 +11,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.spec import ExperimentSpec, SpecError, Variant, parse_spec
-from workloads.core.config import ResourcesConfig, TrainingConfig
+from workloads.core.config import (
+    MOVED,
+    BudgetConfig,
+    EngineConfig,
+    OptimizerConfig,
+    ResourcesConfig,
+    ScheduleConfig,
+    TrainingConfig,
+)
 from workloads.lm.data.corpus import CorpusConfig
 
 DEMO = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments" / "demo.yaml")
                       .read_text())
 TOP = sorted(set(ExperimentSpec.model_fields) - {"workload_config"} | {"data"})
-SECTIONS = {(): TOP, ("training",): sorted(TrainingConfig.model_fields),
+SECTIONS = {(): TOP, ("budget",): sorted(BudgetConfig.model_fields),
+            ("training",): sorted(TrainingConfig.model_fields),
+            ("optimizer",): sorted(OptimizerConfig.model_fields),
+            ("schedule",): sorted(ScheduleConfig.model_fields),
+            ("engine",): sorted(EngineConfig.model_fields),
             ("resources",): sorted(ResourcesConfig.model_fields),
             ("data",): sorted(CorpusConfig.model_fields),
             ("variants", "cem"): sorted(Variant.model_fields)}
@@ -53,7 +65,9 @@ def test_any_value_at_any_field_validates_or_is_one_line_naming_a_field(case):
     except SpecError as e:
         message = str(e)
         assert "\n" not in message and message.startswith("spec.yaml: "), message
-        if path[-1] not in SECTIONS[path[:-1]]:  # a key the schema lacks is named as such
+        if path[:-1] == ("training",) and path[-1] in MOVED:  # a key that moved: its place
+            assert message == f"spec.yaml: training.{path[-1]}: moved to {MOVED[path[-1]]}"
+        elif path[-1] not in SECTIONS[path[:-1]]:  # a key the schema lacks is named as such
             assert message == f"spec.yaml: {'.'.join(path)}: unknown key", message
         else:  # a schema field: the error names a field of the spec
             field = message.removeprefix("spec.yaml: ").split(": ")[0]

@@ -25,8 +25,8 @@ def _keys(storage: StorageRoot) -> set[str]:
 
 SPEC = {"name": "s3-grid", "data": {"source": "shakespeare", "vocab_size": 512},
         "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
-        "training": {"tokens": 40 * 16 * 64, "batch_size": 16, "eval_interval": 20,
-                     "eval_sequences": 16},
+        "budget": {"tokens": 40 * 16 * 64},
+        "training": {"batch_size": 16, "eval_interval": 20, "eval_sequences": 16},
         "resources": {"num_workers": 2, "cpus_per_worker": 1}}
 
 

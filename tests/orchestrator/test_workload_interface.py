@@ -37,7 +37,7 @@ class ToyRegression(TrainedWorkload):
     def prepare(self, config, data_dir):
         return Prepared(None, {"toy_floor": 0.0}, "nothing to prepare")
 
-    def budget(self, config, training, size, model):
+    def budget(self, config, budget, training, size, model):
         examples = config.steps * training.batch_size
         return Budget(config.steps, examples, 6.0 * config.dim * examples,
                       {"total": config.dim, "embedding": 0, "attention": 0, "mlp": 0,
@@ -91,7 +91,7 @@ def toy():
 
 SPEC = {"name": "toy-grid", "workload": "toy", "toy": {"dim": 3, "steps": 80},
         "sizes": ["nano"], "variants": {"a": {}}, "learning_rates": [0.01, 0.05],
-        "seeds": [0, 1], "training": {"batch_size": 32, "warmup_fraction": 0.0},
+        "seeds": [0, 1], "training": {"batch_size": 32}, "schedule": {"warmup_fraction": 0.0},
         "resources": {"num_workers": 2}}
 
 

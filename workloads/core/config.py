@@ -1,7 +1,10 @@
-"""The spec sections every workload shares: ``training`` and ``resources``.
+"""The spec sections every workload shares, each the config of the component that builds from
+it: ``budget`` (the workload's budget), ``training`` (the Trainer), ``optimizer`` and
+``schedule`` (runtime.optim), ``engine`` (runtime.engine) and ``resources`` (Ray Train's
+workers).
 
 They are the runtime configs themselves (pydantic, strict, frozen): the orchestrator validates a
-spec into them and the same objects reach the training loop inside the Ray workers.
+spec into them and the same objects reach the train loop inside the Ray workers.
 """
 
 from __future__ import annotations
@@ -19,48 +22,19 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
-class TrainingConfig(StrictModel):
-    """Token budget, batch geometry, optimizer (paper Table 2 defaults), evaluation, engine.
+class BudgetConfig(StrictModel):
+    """The ``budget`` section: how many training tokens a trial gets (the workload's
+    ``budget`` turns them into steps).
 
-    Budget: ``tokens`` when given, else Chinchilla, ``tokens_per_param`` x the total parameters of
-    the Llama baseline of the trial's size x ``budget_scale`` (one number, or one per size, e.g.
-    ``{nano: 1.0, tiny: 0.25}``; the CEM twin gets the same tokens).
-    Batch: ``batch_size`` sequences (examples) per optimizer step over all workers; each worker
-    runs micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
-    Optimizer: AdamW (``beta1``, ``beta2``, ``eps``, ``weight_decay`` on projection and
-    embedding weights only, ``optim.decayed_parameters``), gradient clipping at ``grad_clip``
-    (global norm), linear warmup over ``warmup_fraction`` of the steps, then a cosine decay to
-    ``final_lr_fraction`` x the peak learning rate.
-    Engine: ZeRO ``zero_stage``, ``precision``, and ``compile`` (whether the workers run the
-    model and the loss through ``torch.compile``; ``engine.compiles``).
+    ``tokens`` when given, else Chinchilla: ``tokens_per_param`` x the total parameters of the
+    Llama baseline of the trial's size x ``budget_scale`` (one number, or one per size, e.g.
+    ``{nano: 1.0, tiny: 0.25}``); the CEM twin of a size gets the same tokens.
     """
 
     tokens: int | None = Field(None, gt=0, description="fixed training tokens per trial")
     tokens_per_param: float = Field(20.0, gt=0, description="Chinchilla tokens per parameter")
     budget_scale: PositiveFloat | dict[str, PositiveFloat] = Field(
         1.0, description="multiplies the Chinchilla budget (CPU): a number, or one per size")
-    batch_size: int = Field(128, gt=0, description="global batch, sequences per optimizer step")
-    micro_batch_size: int = Field(8, gt=0, description="most sequences per worker per pass")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    eps: float = Field(1e-9, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    warmup_fraction: float = Field(0.05, ge=0, lt=1)
-    final_lr_fraction: float = Field(0.1, ge=0, le=1)
-    eval_interval: int = Field(50, gt=0, description="optimizer steps between validations "
-                               "(and checkpoints)")
-    eval_sequences: int = Field(128, gt=0, description="validation sequences per evaluation")
-    log_interval: int = Field(10, gt=0)
-    energy_diagnostics: bool = Field(
-        False, description="log per-layer per-step energies, descent, update norms, attention "
-        "entropies and preconditioner eigenvalues")
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
-    compile: bool | Literal["auto"] = Field(
-        "auto", description="torch.compile each worker's model and loss (DeepSpeed's "
-        "engine.compile); auto: on GPU workers at ZeRO stage 0-2, off on CPUs "
-        "(engine.compiles)")
 
     def scale_for(self, size: str) -> float:
         """``budget_scale`` of preset ``size``.
@@ -73,9 +47,77 @@ class TrainingConfig(StrictModel):
         return self.budget_scale
 
 
-# Engine options and logging that do not change what a trial computes: left out of its identity.
-NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics", "zero_stage",
-                         "compile"})
+class TrainingConfig(StrictModel):
+    """The ``training`` section: what the ``Trainer`` takes, the batch and the intervals.
+
+    ``batch_size`` sequences (examples) per optimizer step over all workers; each worker runs
+    micro-batches of at most ``micro_batch_size`` and accumulates gradients over the rest.
+    """
+
+    batch_size: int = Field(128, gt=0, description="global batch, sequences per optimizer step")
+    micro_batch_size: int = Field(8, gt=0, description="most sequences per worker per pass")
+    eval_interval: int = Field(50, gt=0, description="optimizer steps between validations "
+                               "(and checkpoints)")
+    eval_sequences: int = Field(128, gt=0, description="validation sequences per evaluation")
+    log_interval: int = Field(10, gt=0)
+    energy_diagnostics: bool = Field(
+        False, description="log per-layer per-step energies, descent, update norms, attention "
+        "entropies and preconditioner eigenvalues")
+
+
+class OptimizerConfig(StrictModel):
+    """The ``optimizer`` section (``runtime.optim.build_optimizer``): AdamW with paper Table 2's
+    defaults, weight decay on projection and embedding weights only
+    (``optim.decayed_parameters``), and gradient clipping at ``grad_clip`` (global norm)."""
+
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-9, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+
+
+class ScheduleConfig(StrictModel):
+    """The ``schedule`` section (``runtime.optim.build_scheduler``): linear warmup over
+    ``warmup_fraction`` of the steps, then a cosine decay to ``final_lr_fraction`` x the peak
+    learning rate."""
+
+    warmup_fraction: float = Field(0.05, ge=0, lt=1)
+    final_lr_fraction: float = Field(0.1, ge=0, le=1)
+
+
+class EngineConfig(StrictModel):
+    """The ``engine`` section (``runtime.engine``): DeepSpeed's ZeRO ``zero_stage``, the
+    ``precision`` (``auto``: fixed when the trial is planned, ``core.precision``), and
+    ``compile`` (whether the workers run the model and the loss through ``torch.compile``;
+    ``engine.compiles``)."""
+
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile each worker's model and loss (DeepSpeed's "
+        "engine.compile); auto: on GPU workers at ZeRO stage 0-2, off on CPUs "
+        "(engine.compiles)")
+
+
+# Where each key of the former single ``training`` section lives now ("section.key"): an old
+# spec gets one line naming the new place.
+MOVED = {**{k: f"budget.{k}" for k in BudgetConfig.model_fields},
+         **{k: f"optimizer.{k}" for k in OptimizerConfig.model_fields},
+         **{k: f"schedule.{k}" for k in ScheduleConfig.model_fields},
+         **{k: f"engine.{k}" for k in EngineConfig.model_fields}}
+
+# Trainer options and logging that do not change what a trial computes: out of its identity.
+NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics"})
+
+
+def science(budget: BudgetConfig, training: TrainingConfig, optimizer: OptimizerConfig,
+            schedule: ScheduleConfig, precision: str) -> dict:
+    """What of the sections changes what a trial computes, as one mapping (hashed into its
+    id): the budget, the batch and evaluation, the optimizer, the schedule and the
+    ``precision`` it trains in; not micro-batching, logging, the ZeRO stage or compiling."""
+    return {**budget.model_dump(), **training.model_dump(exclude=NOT_SCIENCE),
+            **optimizer.model_dump(), **schedule.model_dump(), "precision": precision}
 
 
 # Host memory (GiB) of one trial's actors besides its workers: Ray Tune's trial driver and Ray

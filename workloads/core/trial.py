@@ -11,7 +11,13 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from workloads.core.architecture import ModelConfig
-    from workloads.core.config import ResourcesConfig, TrainingConfig
+    from workloads.core.config import (
+        EngineConfig,
+        OptimizerConfig,
+        ResourcesConfig,
+        ScheduleConfig,
+        TrainingConfig,
+    )
 
 D = TypeVar("D")  # what a workload's data preparation hands to the workers
 
@@ -49,8 +55,10 @@ class Budget:
 @dataclass(frozen=True)
 class Trial:
     """One training run of a grid, planned once by the orchestrator and handed unchanged to the
-    train loop: its grid coordinates, resolved model, shared spec sections, the workload's own
-    section (``config``), its budget and its batch geometry.
+    train loop: its grid coordinates, resolved model, the workload's own section (``config``),
+    the shared sections each component builds from (``training``, ``optimizer``, ``schedule``,
+    ``engine``, ``resources``; the engine's precision fixed when planned), its budget and its
+    batch geometry.
 
     ``batch_size = micro_batch_size x grad_accum x resources.num_workers``.
     """
@@ -65,6 +73,9 @@ class Trial:
     model: ModelConfig
     config: BaseModel
     training: TrainingConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    engine: EngineConfig
     resources: ResourcesConfig
     budget: Budget
     micro_batch_size: int

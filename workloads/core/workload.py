@@ -23,7 +23,12 @@ if TYPE_CHECKING:
     import torch
 
     from workloads.core.architecture import ModelConfig
-    from workloads.core.config import ResourcesConfig, TrainingConfig
+    from workloads.core.config import (
+        BudgetConfig,
+        EngineConfig,
+        ResourcesConfig,
+        TrainingConfig,
+    )
     from workloads.core.storage import StorageRoot
 
 C = TypeVar("C", bound=BaseModel)  # the workload's spec section
@@ -74,19 +79,21 @@ class Workload(ABC, Generic[C, D]):
         return data
 
     @abstractmethod
-    def budget(self, config: C, training: TrainingConfig, size: str, model: ModelConfig,
-               ) -> Budget:
-        """Steps, training units, FLOPs and parameter counts of one trial of ``model``."""
+    def budget(self, config: C, budget: BudgetConfig, training: TrainingConfig, size: str,
+               model: ModelConfig) -> Budget:
+        """Steps, training units, FLOPs and parameter counts of one trial of ``model`` at
+        preset ``size``, from the ``budget`` and ``training`` (batch) sections."""
 
     @abstractmethod
     def calibration_step(self, config: C, model: ModelConfig, micro_batch_size: int,
                          device: torch.device) -> tuple[Callable[[], None], float]:
         """A forward + backward step on random data and its FLOPs (for wall-time estimates)."""
 
-    def memory(self, model: ModelConfig, training: TrainingConfig, resources: ResourcesConfig,
+    def memory(self, model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
                micro_batch_size: int) -> Any:
-        """Memory one worker of a trial of ``model`` needs, as an object with ``total`` (bytes)
-        and ``describe()`` (one line), or None where the workload has no estimate."""
+        """Memory one worker of a trial of ``model`` needs (its ``engine``'s ZeRO stage and
+        precision, its workers, one micro-batch), as an object with ``total`` (bytes) and
+        ``describe()`` (one line), or None where the workload has no estimate."""
         return None
 
     @abstractmethod

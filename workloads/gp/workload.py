@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from workloads.core.architecture import ModelConfig
-from workloads.core.config import StrictModel, TrainingConfig
+from workloads.core.config import BudgetConfig, StrictModel, TrainingConfig
 from workloads.core.trial import Budget, Job, Prepared
 from workloads.gp.data import sample_gp_regression
 from workloads.gp.regressor import GPRegressor, gp_flops_per_sample
@@ -88,8 +88,8 @@ class GPRegression(TrainedWorkload):
     def prepare(self, config: GPConfig, data_dir: str) -> Prepared[None]:
         return Prepared(None)
 
-    def budget(self, config: GPConfig, training: TrainingConfig, size: str,
-               model: ModelConfig) -> Budget:
+    def budget(self, config: GPConfig, budget: BudgetConfig, training: TrainingConfig,
+               size: str, model: ModelConfig) -> Budget:
         """``gp.steps`` steps of ``training.batch_size`` examples."""
         examples = config.steps * training.batch_size
         return Budget(config.steps, examples,

@@ -31,7 +31,7 @@ CEM's MLP, 0.99x for CEM attention at T = 1 (0.97x with CEM's MLP too) and 1.01x
 2 (22,945 MiB), measured while FlexAttention read an fp32 copy of the shared scores (4 b s^2 bytes).
 Read in bf16, they take 1.5 GiB off both: 21,413 MiB measured on an H100, 1.01x. Before it followed
 the kernels (CEM's bias counted as one (b, K, s, s) tensor, the logits' gradient left out), 0.93x
-for Llama and 1.49-1.53x for every CEM attention. Compiled (``training.compile``, on by default on
+for Llama and 1.49-1.53x for every CEM attention. Compiled (``engine.compile``, on by default on
 GPUs) the same steps peaked lower, 7,261 MiB and 14,421 MiB: there the estimate is an upper bound.
 """
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads.core.config import ResourcesConfig, TrainingConfig
+from workloads.core.config import EngineConfig, ResourcesConfig
 from workloads.core.precision import planned_precision
 from workloads.models import ModelConfig
 from workloads.models.decoder import parameter_counts
@@ -125,10 +125,10 @@ def estimate_memory(model: ModelConfig, micro_batch_size: int, zero_stage: int,
                                                        fused_attention))
 
 
-def trial_memory(model: ModelConfig, training: TrainingConfig, resources: ResourcesConfig,
+def trial_memory(model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
                  micro_batch_size: int) -> MemoryEstimate:
     """``estimate_memory`` of a trial: its ZeRO stage, worker count and precision
     (``workloads.core.precision.planned_precision``), with fused attention on GPUs only."""
-    return estimate_memory(model, micro_batch_size, training.zero_stage, resources.num_workers,
-                           planned_precision(training.precision, resources.use_gpu),
+    return estimate_memory(model, micro_batch_size, engine.zero_stage, resources.num_workers,
+                           planned_precision(engine.precision, resources.use_gpu),
                            fused_attention=resources.use_gpu)

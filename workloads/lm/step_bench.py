@@ -86,7 +86,7 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length + 1), device=device)
 
     loss_of = next_token_loss
-    if compiled:  # as a compiled trial does (``training.compile``): the model and the loss
+    if compiled:  # as a compiled trial does (``engine.compile``): the model and the loss
         model.compile(dynamic=False)  # in place: the same module, its forward compiled
         loss_of = torch.compile(next_token_loss, dynamic=False)
 

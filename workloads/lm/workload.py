@@ -2,7 +2,7 @@
 
 Spec section ``data`` (``CorpusConfig``); the driver prepares the corpus once on Ray Data
 (tokenizer, token shards, cached on disk) and every worker reads the same files. A trial trains
-to a Chinchilla budget (or a fixed ``training.tokens``) and is judged by test perplexity.
+to a Chinchilla budget (or a fixed ``budget.tokens``) and is judged by test perplexity.
 
 The train loop (``LanguageModel.train``) is the same code in a Ray Train worker (DeepSpeed
 ZeRO, ``RaySession``) and in-process (plain PyTorch, ``LocalSession``). Its best trials go to the
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from workloads.core.architecture import PRESETS, ModelConfig
-from workloads.core.config import ResourcesConfig, TrainingConfig
+from workloads.core.config import BudgetConfig, EngineConfig, ResourcesConfig, TrainingConfig
 from workloads.core.paths import Paths
 from workloads.core.storage import StorageRoot
 from workloads.core.trial import Budget, Job, Prepared, Trial
@@ -52,13 +52,13 @@ def baseline_model(size: str, vocab_size: int) -> ModelConfig:
                        n_head=p.n_head, d_mlp=p.d_mlp, context_length=p.context_length)
 
 
-def token_budget(training: TrainingConfig, size: str, vocab_size: int) -> int:
-    """``training.tokens``, else Chinchilla: ``tokens_per_param`` x total parameters of the
+def token_budget(budget: BudgetConfig, size: str, vocab_size: int) -> int:
+    """``budget.tokens``, else Chinchilla: ``tokens_per_param`` x total parameters of the
     Llama baseline of ``size`` x its ``budget_scale`` (paper Sec. 4, App. C.3)."""
-    if training.tokens is not None:
-        return training.tokens
+    if budget.tokens is not None:
+        return budget.tokens
     baseline = parameter_counts(baseline_model(size, vocab_size))["total"]
-    return max(1, round(training.tokens_per_param * baseline * training.scale_for(size)))
+    return max(1, round(budget.tokens_per_param * baseline * budget.scale_for(size)))
 
 
 def _forever(loader: DataLoader, sampler: DistributedSampler, skip: int = 0):
@@ -148,21 +148,21 @@ class LanguageModel(TrainedWorkload):
     def publish(self, data: PreparedCorpus, storage: StorageRoot) -> PreparedCorpus:
         return data.publish(storage)
 
-    def budget(self, config: CorpusConfig, training: TrainingConfig, size: str,
-               model: ModelConfig) -> Budget:
+    def budget(self, config: CorpusConfig, budget: BudgetConfig, training: TrainingConfig,
+               size: str, model: ModelConfig) -> Budget:
         """``ceil(token_budget / (batch_size x context_length))`` steps of whole batches."""
         seq = model.context_length
-        steps = steps_for(token_budget(training, size, model.vocab_size), training.batch_size,
+        steps = steps_for(token_budget(budget, size, model.vocab_size), training.batch_size,
                           seq)
         tokens = steps * training.batch_size * seq
         return Budget(steps, tokens, flops_per_token(model, seq) * tokens,
                       parameter_counts(model))
 
-    def memory(self, model: ModelConfig, training: TrainingConfig, resources: ResourcesConfig,
+    def memory(self, model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
                micro_batch_size: int) -> MemoryEstimate:
         """``workloads.lm.memory.trial_memory``: model states under ZeRO plus one micro-batch's
         activations."""
-        return trial_memory(model, training, resources, micro_batch_size)
+        return trial_memory(model, engine, resources, micro_batch_size)
 
     def calibration_step(self, config: CorpusConfig, model: ModelConfig, micro_batch_size: int,
                          device: torch.device, seq_len: int = 128,
@@ -249,7 +249,7 @@ class LanguageModelTask(Task):
                                    sampler=sampler), sampler, skip=skip)
 
     def loss(self, engine: Engine, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if self._loss_of is None:  # compiled with the model (``training.compile``)
+        if self._loss_of is None:  # compiled with the model (``engine.compile``)
             self._loss_of = (torch.compile(next_token_loss, dynamic=False) if engine.compiled
                              else next_token_loss)
         x, y = batch

@@ -1,10 +1,12 @@
 """Training engines behind one interface: a DeepSpeed ZeRO engine (Ray Train workers of a language
 model) and a plain PyTorch engine (in-process runs, and DDP replicas under Ray Train).
 
-Both take micro-batches: ``engine(x)`` forward, ``engine.backward(loss)`` (the loss of one
-micro-batch; gradients are averaged over ``grad_accum`` micro-batches), ``engine.step()`` after
-every micro-batch (the optimizer steps, with gradient clipping and the LR schedule, at every
-``grad_accum``-th call), ``engine.lr()`` the learning rate the next optimizer step uses.
+Both drive an optimizer and its LR schedule built by the caller (``runtime.optim``, from the
+``optimizer`` and ``schedule`` sections) and take micro-batches: ``engine(x)`` forward,
+``engine.backward(loss)`` (the loss of one micro-batch; gradients are averaged over
+``grad_accum`` micro-batches), ``engine.step()`` after every micro-batch (the optimizer steps,
+with gradient clipping and the LR schedule, at every ``grad_accum``-th call), ``engine.lr()``
+the learning rate the next optimizer step uses. They are built from the ``engine`` section.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from workloads.core.trial import Trial
-from workloads.runtime.optim import build_optimizer, build_scheduler, deepspeed_config
+from workloads.core.config import EngineConfig
+from workloads.runtime.optim import deepspeed_config
+
+Optimizer = torch.optim.Optimizer
+Scheduler = torch.optim.lr_scheduler.LRScheduler
 
 _DS_TAG = "ckpt"  # DeepSpeed checkpoint tag inside every checkpoint directory
 _TORCH_STATE = "engine_state.pt"
@@ -69,20 +74,21 @@ class Engine(ABC):
 
 
 class TorchEngine(Engine):
-    """AdamW + schedule + clipping in plain PyTorch. ``wrap`` (e.g. Ray Train's
+    """``optimizer`` and ``scheduler`` stepped with gradient clipping at ``grad_clip`` (global
+    norm) in plain PyTorch, every ``grad_accum`` micro-batches. ``wrap`` (e.g. Ray Train's
     ``prepare_model``, which adds DDP) turns the model into the module that runs forward;
     ``rank`` 0 alone writes checkpoints (the replicas are identical). ``precision="bf16"`` runs
     the forward under ``torch.autocast`` with fp32 weights."""
 
-    def __init__(self, model: nn.Module, trial: Trial, device: torch.device, precision: str,
+    def __init__(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+                 device: torch.device, precision: str, grad_clip: float, grad_accum: int,
                  wrap: Callable[[nn.Module], nn.Module] | None = None, rank: int = 0) -> None:
         self.model = model.to(device)
         self.module = wrap(self.model) if wrap else self.model
         self.name = "torch DDP" if wrap else "torch"
         self.device, self.precision, self.rank = device, precision, rank
-        self.grad_accum, self.grad_clip = trial.grad_accum, trial.training.grad_clip
-        self.optimizer = build_optimizer(self.model, trial.training, trial.lr)
-        self.scheduler = build_scheduler(self.optimizer, trial.training, trial.steps)
+        self.grad_accum, self.grad_clip = grad_accum, grad_clip
+        self.optimizer, self.scheduler = optimizer, scheduler
         self._micro_steps = 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,7 +180,7 @@ def load_weights_only(path: str, map_location: Any = None) -> Any:
 
 
 def compiles(setting: bool | str, device: torch.device, zero_stage: int) -> bool:
-    """Whether a trial's engine runs its model through ``torch.compile`` (``training.compile``):
+    """Whether a trial's engine runs its model through ``torch.compile`` (``engine.compile``):
     as set, and for ``auto`` on a GPU at ZeRO stage 0-2. On an H200, compiling took Llama-134M's
     step from 49 to 32 ms and CEM-134M's from 148 to 97 ms (``workloads.lm.step_bench``), after a
     cold compile of 21 and 101 s, which a GPU trial's hours of steps repay. On a CPU a cold compile
@@ -187,29 +193,30 @@ def compiles(setting: bool | str, device: torch.device, zero_stage: int) -> bool
 
 
 class DeepSpeedEngine(Engine):
-    """A DeepSpeed engine (ZeRO ``trial.training.zero_stage``, bf16 or fp32) over
-    ``world_size`` ranks of an initialised process group; the client optimizer is torch's AdamW
-    (Table 2) with our LR schedule. Compiled (``compiles``) with DeepSpeed's ``engine.compile``:
-    the module's forward in place, so its parameter names, and so its checkpoints, stay the
-    same."""
+    """A DeepSpeed engine (ZeRO ``engine.zero_stage``, bf16 or fp32 ``precision``, clipping at
+    ``grad_clip``) over ``world_size`` ranks of an initialised process group, stepping the
+    client ``optimizer`` (torch's AdamW, Table 2) and ``scheduler`` every ``grad_accum``
+    micro-batches of ``micro_batch_size``. Compiled (``compiles``, ``engine.compile``) with
+    DeepSpeed's ``engine.compile``: the module's forward in place, so its parameter names, and
+    so its checkpoints, stay the same."""
 
-    def __init__(self, model: nn.Module, trial: Trial, world_size: int, precision: str) -> None:
+    def __init__(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+                 engine: EngineConfig, precision: str, grad_clip: float, micro_batch_size: int,
+                 grad_accum: int, world_size: int) -> None:
         use_interpreter_tools()
         import deepspeed
 
-        t = trial.training
-        optimizer = build_optimizer(model, t, trial.lr)
-        scheduler = build_scheduler(optimizer, t, trial.steps)
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
-            config=deepspeed_config(trial.micro_batch_size, trial.grad_accum, world_size,
-                                    t.zero_stage, precision, t.grad_clip))
+            config=deepspeed_config(micro_batch_size, grad_accum, world_size, engine.zero_stage,
+                                    precision, grad_clip))
         # DeepSpeed's own checkpoint engine unpickles (torch.load(weights_only=False)): restore
         # through a weights-only load instead, nothing but tensors and DeepSpeed's plain types.
         self.engine.checkpoint_engine.load = load_weights_only
-        self.module, self.device, self.zero_stage = self.engine, self.engine.device, t.zero_stage
-        self.name = f"DeepSpeed ZeRO-{t.zero_stage}"
-        if compiles(t.compile, self.device, t.zero_stage):
+        self.module, self.device = self.engine, self.engine.device
+        self.zero_stage = engine.zero_stage
+        self.name = f"DeepSpeed ZeRO-{engine.zero_stage}"
+        if compiles(engine.compile, self.device, engine.zero_stage):
             self.engine.compile(compile_kwargs={"dynamic": False})  # in place: same parameters
             self.compiled, self.name = True, self.name + ", compiled"
 

@@ -1,4 +1,5 @@
-"""Optimizer, learning-rate schedule and DeepSpeed config (paper Table 2)."""
+"""The optimizer (the ``optimizer`` section), its learning-rate schedule (``schedule``) and the
+DeepSpeed config (paper Table 2)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # annotations only: the bench imports this module with torch alone
-    from workloads.core.config import TrainingConfig
+    from workloads.core.config import OptimizerConfig, ScheduleConfig
 
 
 def lr_factor(step: int, total_steps: int, warmup_fraction: float,
@@ -41,9 +42,10 @@ def decayed_parameters(model: nn.Module) -> list[nn.Parameter]:
     return list(decayed.values())
 
 
-def build_optimizer(model: nn.Module, cfg: TrainingConfig, lr: float) -> torch.optim.AdamW:
-    """AdamW at peak learning rate ``lr`` with ``cfg``'s betas, eps and weight decay, the decay
-    on ``decayed_parameters`` only."""
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float) -> torch.optim.AdamW:
+    """AdamW over ``model``'s parameters at peak learning rate ``lr`` (the trial's, handed
+    here by the ``Trainer``) with ``cfg``'s betas, eps and weight decay, the decay on
+    ``decayed_parameters`` only (paper Table 2)."""
     decay = decayed_parameters(model)
     ids = {id(p) for p in decay}
     no_decay = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
@@ -52,7 +54,7 @@ def build_optimizer(model: nn.Module, cfg: TrainingConfig, lr: float) -> torch.o
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig, total_steps: int,
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, total_steps: int,
                     ) -> torch.optim.lr_scheduler.LambdaLR:
     """``lr_factor`` of ``cfg``'s warmup and final fraction over ``total_steps`` optimizer steps."""
     return torch.optim.lr_scheduler.LambdaLR(

@@ -37,7 +37,7 @@ from workloads.core.reach import check_tracking
 from workloads.core.trial import Job
 from workloads.runtime import allocator, hardware
 from workloads.runtime.checkpoints import newest_good, write_manifest
-from workloads.runtime.engine import DeepSpeedEngine, Engine, TorchEngine
+from workloads.runtime.engine import DeepSpeedEngine, Engine, Optimizer, Scheduler, TorchEngine
 from workloads.runtime.metrics import MetricSink
 from workloads.runtime.timing import PhaseClock
 
@@ -61,7 +61,7 @@ class Session(ABC):
     @property
     def precision(self) -> str:
         """``bf16`` or ``fp32`` (``auto`` resolved for this machine)."""
-        return resolve_precision(self.job.trial.training.precision)
+        return resolve_precision(self.job.trial.engine.precision)
 
     def info(self, msg: str, *args) -> None:
         """Log ``msg`` from rank 0 only."""
@@ -97,8 +97,23 @@ class Session(ABC):
                 "peak_flops_per_s": peak, "peak_memory_mib": memory.max().item() / 2**20}
 
     @abstractmethod
-    def engine(self, model: nn.Module, backend: Backend) -> Engine:
-        """The engine that trains ``model`` for this session's trial."""
+    def engine(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+               backend: Backend) -> Engine:
+        """The engine that trains ``model`` with ``optimizer`` and ``scheduler`` for this
+        session's trial (its ``engine`` section, clipping and batch geometry)."""
+
+    def _deepspeed(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+                   ) -> DeepSpeedEngine:
+        t = self.job.trial
+        return DeepSpeedEngine(model, optimizer, scheduler, t.engine, self.precision,
+                               t.optimizer.grad_clip, t.micro_batch_size, t.grad_accum,
+                               self.world_size)
+
+    def _torch(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+               device: torch.device, **kwargs) -> TorchEngine:
+        t = self.job.trial
+        return TorchEngine(model, optimizer, scheduler, device, self.precision,
+                           t.optimizer.grad_clip, t.grad_accum, **kwargs)
 
     @abstractmethod
     def restore(self, engine: Engine) -> int:
@@ -161,12 +176,13 @@ class RaySession(Session):
         dist.all_gather_object(values, value)
         return values
 
-    def engine(self, model: nn.Module, backend: Backend) -> Engine:
+    def engine(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+               backend: Backend) -> Engine:
         if backend == "deepspeed":
-            return DeepSpeedEngine(model, self.job.trial, self.world_size, self.precision)
+            return self._deepspeed(model, optimizer, scheduler)
         import ray.train.torch
 
-        return TorchEngine(model, self.job.trial, ray.train.torch.get_device(), self.precision,
+        return self._torch(model, optimizer, scheduler, ray.train.torch.get_device(),
                            wrap=ray.train.torch.prepare_model, rank=self.rank)
 
     def restore(self, engine: Engine) -> int:
@@ -266,12 +282,14 @@ class LocalSession(Session):
         self.history: dict[str, dict[int, float]] = {}
         self.made: Engine | None = None  # the engine ``engine`` built last (its name, for reports)
 
-    def engine(self, model: nn.Module, backend: Backend) -> Engine:
-        self.made = self._build(model, backend)
+    def engine(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+               backend: Backend) -> Engine:
+        self.made = self._build(model, optimizer, scheduler, backend)
         return self.made
 
-    def _build(self, model: nn.Module, backend: Backend) -> Engine:
-        return TorchEngine(model, self.job.trial, self.device, self.precision)
+    def _build(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+               backend: Backend) -> Engine:
+        return self._torch(model, optimizer, scheduler, self.device)
 
     def restore(self, engine: Engine) -> int:
         return 0
@@ -294,15 +312,16 @@ class LocalSession(Session):
 
 
 class LocalDeepSpeedSession(LocalSession):
-    """A ``LocalSession`` whose engine is DeepSpeed's (ZeRO ``training.zero_stage``, compiled as
-    ``training.compile`` says) on this one rank, as a Ray worker of a one-worker trial runs it,
+    """A ``LocalSession`` whose engine is DeepSpeed's (ZeRO ``engine.zero_stage``, compiled as
+    ``engine.compile`` says) on this one rank, as a Ray worker of a one-worker trial runs it,
     for a workload that asks for the ``deepspeed`` backend (the others get the plain engine, as
     ``RaySession`` gives them DDP): use it inside ``one_rank_process_group``."""
 
-    def _build(self, model: nn.Module, backend: Backend) -> Engine:
+    def _build(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
+               backend: Backend) -> Engine:
         if backend != "deepspeed":
-            return super()._build(model, backend)
-        return DeepSpeedEngine(model, self.job.trial, self.world_size, self.precision)
+            return super()._build(model, optimizer, scheduler, backend)
+        return self._deepspeed(model, optimizer, scheduler)
 
 
 @contextmanager

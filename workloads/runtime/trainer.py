@@ -27,6 +27,7 @@ from torch import nn
 
 from workloads.core.trial import Job
 from workloads.runtime.engine import Engine
+from workloads.runtime.optim import build_optimizer, build_scheduler
 from workloads.runtime.session import Backend, Session
 
 UNIT_ABBREVIATIONS = {"tokens": "tok", "examples": "ex"}  # for the log line's rate
@@ -88,7 +89,10 @@ class Trainer:
         trial, session, task = self.job.trial, self.session, self.task
         t, world = trial.training, session.world_size
         torch.manual_seed(trial.seed)
-        engine = session.engine(task.build_model(), task.backend)
+        model = task.build_model()
+        optimizer = build_optimizer(model, trial.optimizer, lr=trial.lr)  # the trial's LR
+        scheduler = build_scheduler(optimizer, trial.schedule, trial.steps)
+        engine = session.engine(model, optimizer, scheduler, task.backend)
         start_step = session.restore(engine)
         batches = task.batches(skip=start_step * trial.grad_accum)
         total_steps, device, clock = trial.steps, engine.device, session.clock

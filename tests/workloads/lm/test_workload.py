@@ -10,7 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from workloads.core.config import ResourcesConfig, TrainingConfig
+from workloads.core.config import (
+    BudgetConfig,
+    EngineConfig,
+    OptimizerConfig,
+    ResourcesConfig,
+    ScheduleConfig,
+    TrainingConfig,
+)
 from workloads.core.registry import get_workload
 from workloads.core.trial import Job, Trial
 from workloads.lm.data import CorpusConfig
@@ -62,22 +69,24 @@ def nano_job(corpus_glob: str, tmp_path, micro: int, accum: int, steps: int = 12
                           val_fraction=0.1, test_fraction=0.1)
     prepared = workload.prepare(corpus, str(tmp_path / "data"))
     cfg = ModelConfig.from_preset("nano", vocab_size=prepared.data.vocab_size, **model)
-    training = TrainingConfig(tokens=steps * 8 * cfg.context_length, batch_size=8,
-                              micro_batch_size=micro, eval_interval=5, eval_sequences=16,
-                              log_interval=4, precision="fp32")
+    budget = BudgetConfig(tokens=steps * 8 * cfg.context_length)
+    training = TrainingConfig(batch_size=8, micro_batch_size=micro, eval_interval=5,
+                              eval_sequences=16, log_interval=4)
     trial = Trial("t", workload.name, "text_files", "v", "nano", 0.004, 0, cfg, corpus,
-                  training, ResourcesConfig(num_workers=1),
-                  workload.budget(corpus, training, "nano", cfg), micro, accum)
+                  training=training, optimizer=OptimizerConfig(), schedule=ScheduleConfig(),
+                  engine=EngineConfig(precision="fp32"), resources=ResourcesConfig(num_workers=1),
+                  budget=workload.budget(corpus, budget, training, "nano", cfg),
+                  micro_batch_size=micro, grad_accum=accum)
     return Job(trial, prepared.data)
 
 
 def test_budget_is_whole_steps_covering_the_chinchilla_tokens():
     workload = get_workload("language_model")
-    training = TrainingConfig(budget_scale=0.05, batch_size=16)
+    scale = BudgetConfig(budget_scale=0.05)
     cfg = ModelConfig.from_preset("nano", attention="cem", mlp="cem", attn_steps=2)
-    budget = workload.budget(CorpusConfig(), training, "nano", cfg)
+    budget = workload.budget(CorpusConfig(), scale, TrainingConfig(batch_size=16), "nano", cfg)
     baseline = parameter_counts(ModelConfig.from_preset("nano"))["total"]  # Llama, same dims
-    assert token_budget(training, "nano", 512) == round(20 * baseline * 0.05)
+    assert token_budget(scale, "nano", 512) == round(20 * baseline * 0.05)
     assert budget.steps == math.ceil(round(20 * baseline * 0.05) / (16 * 64))
     assert budget.units == budget.steps * 16 * 64
     assert budget.params == parameter_counts(cfg) and budget.params["total"] < baseline

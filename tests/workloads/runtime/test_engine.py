@@ -1,6 +1,6 @@
 """The two engines behind the train loop agree: DeepSpeed ZeRO (what the Ray workers run, and
 ``cemlab train --engine deepspeed``) and plain PyTorch (``cemlab train``) give the same losses for
-the same trial, and so does the DeepSpeed engine compiled (``training.compile``)."""
+the same trial, and so does the DeepSpeed engine compiled (``engine.compile``)."""
 
 import json
 import math
@@ -30,8 +30,8 @@ from torch._dynamo.utils import counters
 
 tmp = Path(sys.argv[2])
 job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10)
-training = job.trial.training.model_copy(update={"compile": True})
-compiled = dataclasses.replace(job, trial=dataclasses.replace(job.trial, training=training))
+engine = job.trial.engine.model_copy(update={"compile": True})
+compiled = dataclasses.replace(job, trial=dataclasses.replace(job.trial, engine=engine))
 out = {}
 with one_rank_process_group():
     for name, cls, job in [("deepspeed", LocalDeepSpeedSession, job),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workloads.core.architecture import ModelConfig
-from workloads.core.config import TrainingConfig
+from workloads.core.config import OptimizerConfig
 from workloads.models.decoder import build_model
 from workloads.runtime.optim import build_optimizer, deepspeed_config, lr_factor
 
@@ -42,7 +42,7 @@ def test_weight_decay_by_role_not_rank():
     for p in model.parameters():
         p.grad = torch.zeros_like(p)  # a step with zero gradients moves only decayed weights
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    build_optimizer(model, TrainingConfig(weight_decay=0.1), lr=0.1).step()
+    build_optimizer(model, OptimizerConfig(weight_decay=0.1), lr=0.1).step()
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     projections = {n for n in before if n.endswith(("_proj.weight", "embed_tokens.weight",
                                                     "lm_head.weight"))}
