@@ -14,7 +14,7 @@ DASHBOARD_PORT ?= 8501
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
-.PHONY: help setup up demo test test-fast cluster-test reproduce-cpu recursion-cpu dashboard down lint clean
+.PHONY: help setup up demo test test-fast cluster-test reproduce-cpu recursion-cpu dashboard docs down lint clean
 
 help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
@@ -25,6 +25,7 @@ help:
 	@echo "make reproduce-cpu  run the paper's claims at CPU scale, write docs/results/REPORT.md"
 	@echo "make recursion-cpu  the recursion study (T=2 vs T=1 per reading): docs/results/recursion*/"
 	@echo "make dashboard  serve the Streamlit dashboard on http://127.0.0.1:$(DASHBOARD_PORT)"
+	@echo "make docs       serve the documentation site (docs/) on http://127.0.0.1:8000"
 	@echo "make down       stop the local services started by make up/demo/dashboard"
 
 setup: $(STAMP)
@@ -72,7 +73,7 @@ cluster-test: setup
 reproduce-cpu: up
 	@source $(SERVICES) && cemlab report experiments/paper/
 
-# The recursion study (issue 10 §1, docs/recursion.md): the same, on experiments/studies/.
+# The recursion study (docs/recursion.md): the same, on experiments/studies/.
 recursion-cpu: up
 	@source $(SERVICES) && cemlab report experiments/studies/ --claims recursion \
 	  --out docs/results/recursion && \
@@ -85,6 +86,9 @@ dashboard: up
 
 down:
 	@infra/local/down.sh
+
+docs: setup
+	$(BIN)/mkdocs serve
 
 lint: setup
 	$(BIN)/ruff check .

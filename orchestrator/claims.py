@@ -1,6 +1,6 @@
-"""The paper's claims that CEM Lab tests (issue 10 §3), each a set of paired comparisons between
+"""The paper's claims that CEM Lab tests, each a set of paired comparisons between
 variants of one paper spec (``experiments/paper/<figure>[-cpu].yaml``), and the questions of the
-recursion study (issue 10 §1, ``experiments/studies/``): does T=2 beat T=1 under each reading of
+recursion study (``experiments/studies/``): does T=2 beat T=1 under each reading of
 the paper's Algorithm 1, in fp32, and with more tokens. Each set is a ``ClaimSet``.
 
 A comparison's effect, per seed, is the relative difference of the test metric (perplexity, GP

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks of README "On a GPU" as one run on a lent GPU machine that has torch, Triton,
+# The GPU checks (docs/benchmarks.md) as one run on a GPU machine that has torch, Triton,
 # pytest, scipy and tabulate but not this project's environment: the GPU tests (compiled
-# FlexAttention, the profile's kernel count), one CEM attention kernel call by how it reads the shared scores (bench_attention), the
-# bench of cem-134m and Llama-134M compiled (with their 30 longest kernels), a trial
-# through DeepSpeed in this process (where deepspeed and pydantic import: README; with the
-# profile of two whole train steps, optimizer included), then the eager bench of both models:
+# FlexAttention, the profile's kernel count), one CEM attention kernel call by how it reads the
+# shared scores (workloads.lm.attention_bench), the bench of cem-134m and Llama-134M compiled
+# (with their 30 longest kernels), a trial through DeepSpeed in this process (`cemlab train`,
+# where deepspeed, pydantic, pydantic-settings and pyyaml import; with the profile of two whole
+# train steps, optimizer included), then the eager bench of both models:
 #
 #   bash infra/gpu/check.sh [OUT_DIR] [BUDGET_S]    (PRESET=nano for a dry run on a CPU)
 #
@@ -63,14 +64,14 @@ step cem-134m-compiled 200 workloads.lm.step_bench "${bench[@]}" --variants "cem
   --profile 30 --json-out "$out/cem-134m-compiled.json"
 step llama-compiled 90 workloads.lm.step_bench "${bench[@]}" --variants llama --compile --profile 30 \
   --json-out "$out/llama-compiled.json"
-if python3 -c "import deepspeed, pydantic" 2>/dev/null; then
+if python3 -c "import deepspeed, pydantic, pydantic_settings, yaml" 2>/dev/null; then
   corpus=()
   [ -n "${CORPUS:-}" ] && corpus=(--corpus "$CORPUS")
   step trial-deepspeed 150 orchestrator train --preset "${PRESET:-llama-134m}" --engine deepspeed \
     --zero-stage 1 --compile true --precision bf16 --batch-size 8 --steps 40 "${corpus[@]}" \
     --profile 30 --metrics-json "$out/trial-deepspeed-metrics.json"
 else
-  echo "== trial-deepspeed: skipped, deepspeed or pydantic does not import" | tee -a "$log"
+  echo "== trial-deepspeed: skipped, deepspeed, pydantic(-settings) or yaml does not import" | tee -a "$log"
 fi
 step eager 120 workloads.lm.step_bench "${bench[@]}" --variants "llama,cem-best T=2" \
   --json-out "$out/eager.json"

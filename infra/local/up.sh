@@ -7,8 +7,8 @@
 #     storage root is one; Host headers limited to the bind address, localhost and
 #     CEMLAB_MLFLOW_ALLOWED_HOSTS (comma-separated: the names other nodes use).
 # With a bind address other than loopback, this is the head node of a cluster that other hosts
-# join (`ray start --address=<bind>:<port>` with the token); Gloo is pinned to the interface that
-# holds the address. The storage root (CEMLAB_STORAGE: a path, or s3://bucket/prefix with
+# join (`cemlab join <bind>:<port> --token-file <a copy of ray_auth_token>`); Gloo is pinned to
+# the interface that holds the address. The storage root (CEMLAB_STORAGE: a path, or s3://bucket/prefix with
 # CEMLAB_S3_ENDPOINT_URL) is passed on to the Ray head, so jobs submitted to it use it; S3
 # credentials are taken from the AWS_* environment of this script and never written to a file.
 # CEMLAB_MLFLOW_AUTH=basic (for a head other hosts reach) serves MLflow's basic-auth app: every

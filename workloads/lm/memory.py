@@ -24,15 +24,9 @@ b K s^2 e for CEM's bias on SDPA (a per-head diagonal, or a diagonal with ``ener
 3 b K s^2 e on the explicit path of a Newton step.
 No activation checkpointing is counted (the engine uses none).
 
-Against the peaks measured on an H200 (``workloads.lm.step_bench --preset llama-134m``, batch 8 x
-2048, bf16 weights and gradients, no optimizer states; README, "On a GPU"), the estimate plus 4
-bytes per parameter comes to 1.01x for Llama-134M (12,028 MiB measured), 0.99x with ALiBi and with
-CEM's MLP, 0.99x for CEM attention at T = 1 (0.97x with CEM's MLP too) and 1.01x for CEM-134M at T =
-2 (22,945 MiB), measured while FlexAttention read an fp32 copy of the shared scores (4 b s^2 bytes).
-Read in bf16, they take 1.5 GiB off both: 21,413 MiB measured on an H100, 1.01x. Before it followed
-the kernels (CEM's bias counted as one (b, K, s, s) tensor, the logits' gradient left out), 0.93x
-for Llama and 1.49-1.53x for every CEM attention. Compiled (``engine.compile``, on by default on
-GPUs) the same steps peaked lower, 7,261 MiB and 14,421 MiB: there the estimate is an upper bound.
+The estimate plus 4 bytes per parameter (bf16 weights and gradients, no optimizer states) is what
+``workloads.lm.step_bench`` measures of an eager step; its ratio to the measured peaks is in
+docs/benchmarks.md. A compiled model peaks lower: there the estimate is an upper bound.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How much of an attention pattern is content and how much is position (issue 10 §1).
+"""How much of an attention pattern is content and how much is position.
 
 Attention with an additive position bias (CEM attention, App. A; Llama with ``position: alibi``)
 has probabilities ``p_ijk = softmax_j(c_ijk + b_ijk)``: a content score ``c`` (the query-key

@@ -40,7 +40,7 @@ def _sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
     Shapes: q (B, K, T, E), k (B, K, T, E), v (B, K, T, Ev), mask (K, T, T) or (B, K, T, T);
     returns (B, K, T, Ev). Equal to SDPA bit for bit, outputs and gradients, in fp32 and bf16
-    (torch 2.13 on a CPU), and 2 ms (13 %) faster per ``micro`` layer, forward and backward.
+    (torch 2.13 on a CPU), and faster: it skips the kernel's guard.
     """
     acc, root = torch.promote_types(q.dtype, torch.float32), math.sqrt(scale)
     scores = (q.to(acc) * root) @ (k.to(acc) * root).transpose(-2, -1) + mask.to(acc)
@@ -83,10 +83,10 @@ class CEMAttention(nn.Module):
     # the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
     # ``auto``: flex to train on a GPU, sdpa elsewhere (FlexAttention has no CPU backward; see
     # ``uses_flex``). The Newton step needs the probabilities, so it takes sdpa's (explicit)
-    # path whatever is set. In bf16 on a CPU, ``explicit`` takes 0.8x the step time at
-    # ``micro``, but it rounds the scores to bf16 before the softmax, which SDPA (like the fused
-    # kernel of Llama's attention) does not: the demo's CEM perplexities moved by up to 3.7 %,
-    # so it is not the default (README, "Speed").
+    # path whatever is set. In bf16 on a CPU, ``explicit`` is the fastest, but it rounds the
+    # scores to bf16 before the softmax, which SDPA (like the fused kernel of Llama's attention)
+    # does not, a numerical difference between the variants compared: it is not the default
+    # (docs/benchmarks.md).
     kernel: str = "auto"
 
     def __init__(self, cfg: ModelConfig) -> None:

@@ -58,16 +58,15 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     + exp(s_iik - l_ik) v_ik. Both weights lie in [0, 1], so nothing cancels; the first query,
     which has no key before it, gets l' = -inf and o' = 0 from the kernel, hence o = v. The
     learnable biases thus never enter the kernel: a gradient of a tensor that a ``score_mod``
-    reads is an atomic add from every score, and b_self - b_cross read there took 370 ms per
-    layer at ``llama-134m`` on an H200 (8 x 12 x 2048² / 2 adds onto 12 bf16 values), against
-    49 ms for Llama-134M's whole step. c_ij's gradient is still such an add, 12-fold per entry,
+    reads is an atomic add from every score, which onto two scalars serialises B K T² / 2 adds
+    (and sums them in bf16). c_ij's gradient is still such an add, K-fold per entry,
     into fp32 (torch accumulates a ``score_mod`` tensor's gradient in fp32 and then casts it to
     the tensor's dtype). The kernel reads c_ij in its own dtype: bf16 when training in bf16, as
     the bf16 product that computed it rounded it.
 
     On a GPU, E and Ev should stay near a head's width: the kernel's tiles hold whole rows of
-    q, k and v in shared memory, and a diagonal carried as d_model extra columns (832 at
-    d_model 768) needed 340 KB of it on an H200, which has 227 KB.
+    q, k and v in shared memory, which a diagonal carried as d_model extra columns (832 at
+    d_model 768) overflows on a Hopper GPU (227 KB).
     Compiled where ``q`` is on a GPU.
 
     Raises:

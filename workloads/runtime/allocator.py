@@ -3,16 +3,13 @@
 glibc's malloc serves each large allocation (from 128 KiB, a threshold it raises as blocks are
 freed, up to 32 MiB) with its own ``mmap`` and unmaps it when freed, so the next train step's
 tensor of that size faults in every one of its pages again. A ``micro`` step allocates such
-blocks many times over: its fp32 logits alone are 8 x 256 x 4096 x 4 B = 32 MiB. On a 2-core
-AMD EPYC (torch 2.13 CPU, 1 thread, bf16) casting those logits to fp32 took 13.6 ms and the
-cross-entropy 15.6 ms; with the blocks reused, 1.1 ms and 4.1 ms, and a whole forward +
-loss + backward of 8 sequences went from 187 to 133 ms. PyTorch's CPU performance guide gets
-the same by preloading jemalloc or tcmalloc; this needs no library beside glibc.
+blocks many times over: its fp32 logits alone are 8 x 256 x 4096 x 4 B = 32 MiB. Kept in the
+heap, they are reused by the next step (the time each saves: docs/benchmarks.md). PyTorch's CPU
+performance guide gets the same by preloading jemalloc or tcmalloc; this needs no library beside
+glibc.
 
-The cost is resident memory. The heap settles over the first tens of steps (small objects split
-its free blocks, so it grows a few times before they fit) and then stays: a loop of that loss
-alone held 753 MiB from its 100th step to its 400th with no page faulted in, against 321 MiB
-under the default, and a ``make demo`` worker peaked at 1,149-1,198 MiB against 882-1,037.
+The cost is resident memory: the heap settles over the first tens of steps (small objects split
+its free blocks, so it grows a few times before they fit) and then stays at its high-water mark.
 """
 
 from __future__ import annotations

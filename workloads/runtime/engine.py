@@ -181,12 +181,10 @@ def load_weights_only(path: str, map_location: Any = None) -> Any:
 
 def compiles(setting: bool | str, device: torch.device, zero_stage: int) -> bool:
     """Whether a trial's engine runs its model through ``torch.compile`` (``engine.compile``):
-    as set, and for ``auto`` on a GPU at ZeRO stage 0-2. On an H200, compiling took Llama-134M's
-    step from 49 to 32 ms and CEM-134M's from 148 to 97 ms (``workloads.lm.step_bench``), after a
-    cold compile of 21 and 101 s, which a GPU trial's hours of steps repay. On a CPU a cold compile
-    takes 7-30 s per model, more than it saves in a ``make demo`` trial's 40 s of steps. ZeRO-3 is
-    left out: it gathers each layer's parameters in module hooks, and compiling through them is
-    DeepSpeed's separate DeepCompile path, untried here."""
+    as set, and for ``auto`` on a GPU at ZeRO stage 0-2: a cold compile takes seconds to
+    minutes per model, which a GPU trial's hours of faster steps repay and a short CPU trial's
+    steps do not (docs/benchmarks.md). ZeRO-3 is left out: it gathers each layer's parameters in
+    module hooks, and compiling through them is DeepSpeed's separate DeepCompile path."""
     if setting == "auto":
         return device.type == "cuda" and zero_stage < 3
     return bool(setting)

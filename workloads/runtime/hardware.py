@@ -129,9 +129,8 @@ def peak_flops(device: torch.device | str, precision: str, remeasure: bool = Fal
     once (a trial's ranks) take turns, so the first measures and the others read its number,
     and every trial on the machine divides by the same peak. With ``remeasure`` (the bench
     does) it measures again and keeps the higher of the two: a peak is the best the device
-    can do, and one measurement on a shared machine can land in a slow second (a 2-core VM
-    here measured its 2-thread fp32 peak at 92 GFLOP/s once and at 113-191 in later tries
-    the same afternoon; against the 92, the bench put Llama at 102 % MFU).
+    can do, and one measurement on a shared machine can land in a slow second, which would put
+    a later, faster step above 100 % MFU.
 
     Raises:
         KeyError: ``precision`` is neither ``bf16`` nor ``fp32``.
