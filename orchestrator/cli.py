@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cemlab",
                                      description="CEM Lab experiments: plan, run, analyse.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="print the grid of trials and wall estimates; trains nothing")
+    p = sub.add_parser("plan", help="print the grid of trials (a summary above 1,000) and "
+                       "wall estimates; trains nothing")
     p.add_argument("spec", help="path of the experiment YAML")
     p.add_argument("--no-calibrate", action="store_true",
                    help="skip the measured calibration step (no wall-time estimate)")
@@ -127,8 +128,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "plan":
         from orchestrator.calibrate import estimate_wall_s
-        from orchestrator.plan import concurrency, format_plan, plan
+        from orchestrator.plan import (
+            SUMMARY_ABOVE,
+            cells,
+            concurrency,
+            format_plan,
+            format_summary,
+            plan,
+        )
 
+        if spec.grid_size > SUMMARY_ABOVE:  # a row per cell, and one trial planned per cell
+            grid = cells(spec)
+            calibrated = [trial(spec.learning_rates[0], spec.seeds[0]) for trial in grid]
+            wall = None if args.no_calibrate else estimate_wall_s(calibrated, spec.workload_impl)
+            print(format_summary(spec, grid, wall, concurrency(spec)))
+            return 0
         trials = plan(spec)
         wall = None if args.no_calibrate else estimate_wall_s(trials, spec.workload_impl)
         print(format_plan(spec, trials, wall, concurrency(spec)))

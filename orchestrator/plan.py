@@ -4,9 +4,12 @@ Also how many trials fit on the cluster at once, and the plan as a table. Trains
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import heapq
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.spec import ExperimentSpec
@@ -38,24 +41,48 @@ def planned_engine(spec: ExperimentSpec) -> EngineConfig:
     return spec.engine.model_copy(update={"precision": precision})
 
 
+def trial_ids(spec: ExperimentSpec, model: ModelConfig, dataset: str, tokens: int,
+              data: Any = None, code: str | None = None) -> Callable[[float, int], str]:
+    """``trial_id`` of each learning rate and seed of ``model`` on ``dataset``: the identity
+    without them is serialized once, and each call only splices its two numbers in (planning
+    a grid of 100,000s of trials takes seconds)."""
+    training = science(spec.budget, spec.training, spec.optimizer, spec.schedule,
+                       planned_engine(spec).precision)
+    identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
+                "data": spec.workload_impl.identity(spec.workload_config, data),
+                "training": training, "lr": _LR, "seed": _SEED, "tokens": tokens,
+                "code": code or code_fingerprint()}
+    head, rest = json.dumps(identity, sort_keys=True).split(json.dumps(_LR))
+    middle, tail = rest.split(json.dumps(_SEED))
+
+    def trial_id_of(lr: float, seed: int) -> str:
+        text = head + _json(lr) + middle + _json(seed) + tail
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return trial_id_of
+
+
+_LR, _SEED = "<lr>", "<seed>"  # stand-ins in the serialized identity, replaced per trial
+_json = functools.lru_cache(maxsize=4096, typed=True)(json.dumps)  # a grid's few numbers
+
+
 def trial_id(spec: ExperimentSpec, model: ModelConfig, dataset: str, lr: float, seed: int,
              tokens: int, data: Any = None, code: str | None = None) -> str:
     """Hash of a trial's scientific identity: workload, dataset, model, data (with ``data``,
     the prepared data: a corpus's content), budget, batch, optimizer, schedule and precision
     (``workloads.core.config.science``, the precision as planned), learning rate, seed and the
     code that computes it (``code``, default ``code_fingerprint()``); not its resources,
-    micro-batching, logging, ZeRO stage or compiling."""
-    training = science(spec.budget, spec.training, spec.optimizer, spec.schedule,
-                       planned_engine(spec).precision)
-    identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
-                "data": spec.workload_impl.identity(spec.workload_config, data),
-                "training": training,
-                "lr": lr, "seed": seed, "tokens": tokens, "code": code or code_fingerprint()}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    micro-batching, logging, ZeRO stage or compiling: the sha256 of the identity as JSON
+    (sorted keys), 12 hex digits."""
+    return trial_ids(spec, model, dataset, tokens, data, code)(lr, seed)
 
 
-def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
-    """Every dataset x size x variant x learning rate x seed of ``spec``, in that order.
+Cell = Callable[[float, int], Trial]  # one dataset x size x variant: its trial of an lr and seed
+
+
+def cells(spec: ExperimentSpec, data: Any = None) -> list[Cell]:
+    """The dataset x size x variant cells of ``spec``'s grid, in that order, each the function
+    that plans its trial of a learning rate and seed (the model, budget and most of the trial id
+    resolved once per cell).
 
     ``data`` is the workload's prepared data (``Workload.prepare``); with it, models get the
     prepared vocabulary (a tokenizer's real size), without it the spec's.
@@ -65,21 +92,27 @@ def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     vocab = workload.vocab_size(config, data)
     micro, accum = batch_geometry(spec.training, spec.resources, workload.micro_batches)
     engine = planned_engine(spec)
-    trials = []
-    for dataset in workload.datasets(config):
-        for size in spec.sizes:
-            for variant, overrides in spec.variants.items():
-                model = overrides.resolve(size, vocab)
-                budget = workload.budget(config, spec.budget, spec.training, size, model)
-                for lr in spec.learning_rates:
-                    for seed in spec.seeds:
-                        trials.append(Trial(
-                            trial_id(spec, model, dataset, lr, seed, budget.units, data),
-                            spec.workload, dataset, variant, size, lr, seed, model, config,
-                            training=spec.training, optimizer=spec.optimizer,
-                            schedule=spec.schedule, engine=engine, resources=spec.resources,
-                            budget=budget, micro_batch_size=micro, grad_accum=accum))
-    return trials
+
+    def cell(dataset: str, size: str, variant: str) -> Cell:
+        model = spec.variants[variant].resolve(size, vocab)
+        budget = workload.budget(config, spec.budget, spec.training, size, model)
+        trial_id_of = trial_ids(spec, model, dataset, budget.units, data)
+
+        def trial(lr: float, seed: int) -> Trial:
+            return Trial(trial_id_of(lr, seed), spec.workload, dataset, variant, size, lr, seed,
+                         model, config, training=spec.training, optimizer=spec.optimizer,
+                         schedule=spec.schedule, engine=engine, resources=spec.resources,
+                         budget=budget, micro_batch_size=micro, grad_accum=accum)
+        return trial
+    return [cell(dataset, size, variant) for dataset in workload.datasets(config)
+            for size in spec.sizes for variant in spec.variants]
+
+
+def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
+    """Every dataset x size x variant x learning rate x seed of ``spec``, in that order
+    (``cells`` with ``data``, each over the learning rates and seeds)."""
+    return [trial(lr, seed) for trial in cells(spec, data)
+            for lr in spec.learning_rates for seed in spec.seeds]
 
 
 def capacity() -> tuple[float, float, float]:
@@ -105,6 +138,9 @@ def concurrency(spec: ExperimentSpec) -> int:
     return spec.resources.trials_that_fit(*capacity())
 
 
+SUMMARY_ABOVE = 1000  # a larger grid is planned as a summary: a row per cell, not per trial
+
+
 def format_plan(spec: ExperimentSpec, trials: list[Trial],
                 wall_s: dict[str, float] | None = None, slots: int = 1) -> str:
     """The grid as a table (one row per trial, ``#`` its row number) with totals.
@@ -115,34 +151,84 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     seconds (``orchestrator.calibrate``); the total wall time runs them in order on ``slots`` slots,
     each trial taking the first free one (as Ray Tune schedules a grid).
     """
-    workload = spec.workload_impl
-    unit = workload.unit
     several = len({t.dataset for t in trials}) > 1
-    rows = [{"#": i, "trial": t.trial_id, **({"dataset": t.dataset} if several else {}),
-             "variant": t.variant, "size": t.size, "lr": f"{t.lr:g}", "seed": t.seed,
-             "params": t.params["total"], "non-emb": t.params["non_embedding"],
-             "attn": t.params["attention"], "mlp": t.params["mlp"], unit: t.tokens,
-             "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
-             f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(workload.memory(
-                 t.model, t.engine, t.resources, t.micro_batch_size)),
-             **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
-            for i, t in enumerate(trials)]
-    r, tr, first = spec.resources, spec.training, trials[0]
-    zero_stage, precision = first.engine.zero_stage, first.engine.precision
-    head = (f"experiment {spec.name} ({spec.workload}): {len(trials)} trial(s); each "
-            f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
-            f", ZeRO {zero_stage}, {precision}, global batch {tr.batch_size} = "
-            f"{first.micro_batch_size} per micro-batch x {first.grad_accum} accumulation x "
-            f"{r.num_workers} worker(s)")
-    total = (f"total: {sum(t.tokens for t in trials):,} {unit}, "
-             f"{sum(t.steps for t in trials):,} steps, "
-             f"{sum(t.budget.flops for t in trials):.3g} FLOPs")
+    rows = [_row(spec, i, t, several, wall_s) for i, t in enumerate(trials)]
+    walls = [wall_s[t.trial_id] for t in trials] if wall_s else None
+    return "\n".join([_head(spec, trials[0], len(trials)), format_table(rows),
+                      _total(spec, [(t, 1) for t in trials], walls, slots)])
+
+
+def format_summary(spec: ExperimentSpec, grid: list[Cell],
+                   wall_s: dict[str, float] | None = None, slots: int = 1) -> str:
+    """A grid too large to list (more than ``SUMMARY_ABOVE`` trials) as one row per cell of
+    ``cells`` (its trial count, learning-rate range and seeds; params, tokens, steps, FLOPs,
+    memory and est. wall of each of its trials), the grid's first and last trials as
+    ``format_plan`` rows, and the totals. Plans one trial per cell, not the grid.
+
+    ``wall_s`` maps each cell's first trial id (its first learning rate and seed) to the estimated
+    wall seconds that every trial of the cell takes.
+    """
+    lrs, seeds = spec.learning_rates, spec.seeds
+    firsts = [trial(lrs[0], seeds[0]) for trial in grid]
+    several = len({t.dataset for t in firsts}) > 1
+    per_cell = len(lrs) * len(seeds)
+    rows = []
+    for t in firsts:
+        row = _row(spec, 0, t, several, wall_s)
+        for key in ("#", "trial", "lr", "seed"):
+            del row[key]
+        rows.append({**({"dataset": t.dataset} if several else {}), "variant": t.variant,
+                     "size": t.size, "trials": per_cell,
+                     "lr": f"{min(lrs):g}..{max(lrs):g} ({len(lrs)})", "seeds": len(seeds),
+                     **{k: v for k, v in row.items() if k not in ("dataset", "variant", "size")}})
+    n = per_cell * len(grid)
+    last = grid[-1](lrs[-1], seeds[-1])
     if wall_s:
-        free = [0.0] * slots
-        for t in trials:
-            free[free.index(min(free))] += wall_s[t.trial_id]
+        wall_s = {**wall_s, last.trial_id: wall_s[firsts[-1].trial_id]}
+    ends = [_row(spec, 0, firsts[0], several, wall_s), _row(spec, n - 1, last, several, wall_s)]
+    walls = [wall_s[t.trial_id] for t in firsts] if wall_s else None
+    return "\n".join([_head(spec, firsts[0], n), format_table(rows),
+                      "first and last trials:", format_table(ends),
+                      _total(spec, [(t, per_cell) for t in firsts], walls, slots)])
+
+
+def _head(spec: ExperimentSpec, first: Trial, n: int) -> str:
+    r, tr = spec.resources, spec.training
+    return (f"experiment {spec.name} ({spec.workload}): {n:,} trial(s); each "
+            f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
+            f", ZeRO {first.engine.zero_stage}, {first.engine.precision}, global batch "
+            f"{tr.batch_size} = {first.micro_batch_size} per micro-batch x {first.grad_accum} "
+            f"accumulation x {r.num_workers} worker(s)")
+
+
+def _row(spec: ExperimentSpec, i: int, t: Trial, several: bool,
+         wall_s: dict[str, float] | None) -> dict[str, Any]:
+    workload = spec.workload_impl
+    return {"#": i, "trial": t.trial_id, **({"dataset": t.dataset} if several else {}),
+            "variant": t.variant, "size": t.size, "lr": f"{t.lr:g}", "seed": t.seed,
+            "params": t.params["total"], "non-emb": t.params["non_embedding"],
+            "attn": t.params["attention"], "mlp": t.params["mlp"], workload.unit: t.tokens,
+            "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
+            f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(workload.memory(
+                t.model, t.engine, t.resources, t.micro_batch_size)),
+            **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
+
+
+def _total(spec: ExperimentSpec, counted: list[tuple[Trial, int]], walls: list[float] | None,
+           slots: int) -> str:
+    """Totals of ``(trial, how many such trials)`` in grid order; with ``walls`` (each one's wall
+    seconds), the wall time of running them in order on ``slots`` slots, each trial taking the
+    first free one (as Ray Tune schedules a grid)."""
+    total = (f"total: {sum(t.tokens * k for t, k in counted):,} {spec.workload_impl.unit}, "
+             f"{sum(t.steps * k for t, k in counted):,} steps, "
+             f"{sum(t.budget.flops * k for t, k in counted):.3g} FLOPs")
+    if walls is not None:
+        free = [0.0] * slots  # a heap of the slots' busy-until times
+        for (_, k), wall in zip(counted, walls, strict=True):
+            for _ in range(k):
+                heapq.heapreplace(free, free[0] + wall)
         total += f", est. wall {_duration(max(free))} ({slots} trial(s) at once)"
-    return "\n".join([head, format_table(rows), total])
+    return total
 
 
 def _bytes(estimate) -> str:

@@ -31,7 +31,7 @@ from orchestrator import launch as tune
 from orchestrator import leases, tracking
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.model_registry import register_best
-from orchestrator.plan import concurrency, format_plan, plan
+from orchestrator.plan import SUMMARY_ABOVE, cells, concurrency, format_plan, format_summary, plan
 from orchestrator.results import (
     experiment_rows,
     format_optima,
@@ -127,7 +127,8 @@ def prepare(spec: ExperimentSpec, settings: Settings) -> tuple[Prepared, list[Tr
     prepared = dataclasses.replace(prepared, data=workload.publish(prepared.data,
                                                                    settings.storage))
     trials = plan(spec, prepared.data)
-    print(format_plan(spec, trials), flush=True)
+    print(format_plan(spec, trials) if len(trials) <= SUMMARY_ABOVE
+          else format_summary(spec, cells(spec, prepared.data)), flush=True)
     return prepared, trials
 
 

@@ -8,7 +8,15 @@ import yaml
 
 from orchestrator.calibrate import TRIAL_OVERHEAD_S, estimate_wall_s
 from orchestrator.cli import main
-from orchestrator.plan import batch_geometry, format_plan, plan, trial_id
+from orchestrator.plan import (
+    SUMMARY_ABOVE,
+    batch_geometry,
+    cells,
+    format_plan,
+    format_summary,
+    plan,
+    trial_id,
+)
 from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
 from workloads.core.provenance import code_fingerprint
 from workloads.lm.workload import token_budget
@@ -115,6 +123,38 @@ def test_calibrated_wall_estimate_and_plan_table():
     fixed = dict(zip([t.trial_id for t in trials], [100.0, 300.0]))
     assert "est. wall 7m (1 trial(s) at once)" in format_plan(spec, trials, fixed, 1)
     assert "est. wall 5m (2 trial(s) at once)" in format_plan(spec, trials, fixed, 2)
+
+
+def test_a_grid_of_more_than_a_thousand_trials_plans_as_a_summary(tmp_path, capsys):
+    lrs = [round(0.001 + 0.0001 * i, 6) for i in range(26)]
+    grid = {**GRID, "learning_rates": lrs, "seeds": list(range(10))}  # 2 x 2 x 26 x 10 trials
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    assert main(["plan", "--no-calibrate", str(path)]) == 0
+    out = capsys.readouterr().out
+    spec = load_spec(path)
+    trials = plan(spec)  # the whole grid, planned the slow way
+    assert len(trials) == 1040 > SUMMARY_ABOVE
+    assert len(out.splitlines()) < 15  # not a row per trial
+    assert f"{len(trials):,} trial(s)" in out
+    assert trials[0].trial_id in out and trials[-1].trial_id in out
+    assert f"{len(trials) - 1:,}" in out  # the last trial's row number
+    for variant in ("llama", "cem"):
+        for size in ("nano", "micro"):
+            cell = [t for t in trials if (t.variant, t.size) == (variant, size)]
+            row = next(line.split() for line in out.splitlines()
+                       if line.split()[:2] == [variant, size])
+            assert row[2] == f"{len(cell):,}" and row[5] == "10"  # trials, seeds
+            assert row[6] == f"{cell[0].params['total']:,}"
+    assert (f"total: {sum(t.tokens for t in trials):,} tokens, "
+            f"{sum(t.steps for t in trials):,} steps, "
+            f"{sum(t.budget.flops for t in trials):.3g} FLOPs") in out
+    # Each cell's trials take its first trial's wall time; the total schedules them all.
+    firsts = {(t.variant, t.size): t.trial_id for t in reversed(trials)}
+    wall_of = {cell: 10.0 * (i + 1) for i, cell in enumerate(sorted(firsts))}
+    every = {t.trial_id: wall_of[t.variant, t.size] for t in trials}
+    summary = format_summary(spec, cells(spec), {firsts[c]: w for c, w in wall_of.items()}, 3)
+    assert summary.splitlines()[-1] == format_plan(spec, trials, every, 3).splitlines()[-1]
 
 
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)

@@ -22,6 +22,7 @@ from workloads.core.config import BudgetConfig, StrictModel, TrainingConfig
 from workloads.core.trial import Budget, Job, Prepared
 from workloads.gp.data import sample_gp_regression
 from workloads.gp.regressor import GPRegressor, gp_flops_per_sample
+from workloads.models.shapes import shapes_only
 from workloads.runtime.engine import Engine
 from workloads.runtime.session import Session
 from workloads.runtime.trainer import Task
@@ -51,7 +52,7 @@ class GPConfig(StrictModel):
 def gp_parameter_counts(cfg: ModelConfig, input_dim: int) -> dict[str, int]:
     """Parameters of a ``GPRegressor``: ``mlp`` (the CEM blocks), ``other`` (input map, norm,
     head); no embedding, so ``non_embedding`` is the total."""
-    with torch.device("meta"):
+    with shapes_only():
         model = GPRegressor(cfg, input_dim)
     mlp = sum(p.numel() for p in model.blocks.parameters())
     total = sum(p.numel() for p in model.parameters())

@@ -11,6 +11,7 @@ from torch import nn
 from workloads.core.architecture import ModelConfig
 from workloads.models.cem import CEMMLP, CEMAttention
 from workloads.models.llama import LlamaAttention, LlamaMLP
+from workloads.models.shapes import shapes_only
 
 _ATTENTION = {"llama": LlamaAttention, "cem": CEMAttention}
 _MLP = {"llama": LlamaMLP, "cem": CEMMLP}
@@ -49,8 +50,7 @@ class DecoderLM(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        # Meta tensors (parameter counting) hold no values: initialising them only costs time.
-        if isinstance(module, (nn.Linear, nn.Embedding)) and not module.weight.is_meta:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -99,12 +99,12 @@ def count_parameters(model: DecoderLM) -> dict[str, int]:
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     """``count_parameters`` of the model ``cfg`` describes, plus ``non_embedding`` (total minus
-    embedding and head), built once per config on the meta device (no memory)."""
+    embedding and head), built once per config for its shapes alone (``shapes_only``)."""
     return dict(_parameter_counts(cfg))
 
 
 @functools.cache
 def _parameter_counts(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
-    with torch.device("meta"):
+    with shapes_only():
         counts = count_parameters(build_model(cfg))
     return (*counts.items(), ("non_embedding", counts["total"] - counts["embedding"]))
