@@ -11,6 +11,9 @@ STAMP   := $(VENV)/.installed
 BIN     := $(CURDIR)/$(VENV)/bin
 SERVICES := $(CEMLAB_HOME)/services.env
 DASHBOARD_PORT ?= 8501
+# Test processes (pytest-xdist): the end-to-end tests wait on servers and processes much of
+# their time, so two share two cores well; TEST_WORKERS=0 runs the tests in this process.
+TEST_WORKERS ?= 2
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
@@ -57,10 +60,10 @@ demo: up
 	  "charts with 'make dashboard'; 'make down' stops the services."
 
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
 
 # Part of `make test` too (where it runs as root); here it fails, rather than skips, without root.
 cluster-test: setup
