@@ -143,6 +143,35 @@ def _remaining(rows: list[dict], runs: pd.DataFrame, rate: tuple[float, float],
     return total / max(sum(r["status"] == "RUNNING" for r in rows), 1)
 
 
+TIME_PHASES = ("startup", "compile", "train", "eval", "checkpoint", "teardown")
+
+
+def time_split(times: dict[str, list[dict[str, float]]]) -> pd.DataFrame:
+    """Where each experiment's time went: one row per experiment of ``times`` (name -> its
+    finished trials' ``time/*`` metrics, ``reads.time_metrics``) with a finished trial. Columns:
+    ``experiment``, ``trials`` (those that trained here), ``in train steps`` (the share of their
+    summed ``time/total_s``), each phase of ``TIME_PHASES`` in seconds summed over them,
+    ``queued`` (seconds summed, outside the total) and ``first step after submit`` (the
+    earliest trial's, seconds; NaN where not logged)."""
+    rows = []
+    for name, trials in times.items():
+        trained = [t for t in trials if t.get("time/total_s", 0.0) > 0]
+        if not trained:
+            continue
+        total = sum(t["time/total_s"] for t in trained)
+        firsts = [t["time/first_step_s"] for t in trained if "time/first_step_s" in t]
+        rows.append({"experiment": name, "trials": len(trained),
+                     "in train steps": sum(t.get("time/train_s", 0.0) for t in trained) / total,
+                     **{f"{phase} s": sum(t.get(f"time/{phase}_s", 0.0) for t in trained)
+                        for phase in TIME_PHASES},
+                     "total s": total,
+                     "queued s": sum(t.get("time/queue_s", 0.0) for t in trained),
+                     "first step after submit s": min(firsts) if firsts else math.nan})
+    return pd.DataFrame(rows, columns=["experiment", "trials", "in train steps",
+                                       *(f"{p} s" for p in TIME_PHASES), "total s", "queued s",
+                                       "first step after submit s"])
+
+
 def duration(seconds: float) -> str:
     """``42 s``, ``12 min``, ``3.4 h``; ``-`` for NaN (not known yet)."""
     if seconds is None or math.isnan(seconds):

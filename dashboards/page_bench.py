@@ -135,6 +135,7 @@ def _final_metrics(trial: Trial, rng: np.random.Generator) -> list[Metric]:
                   "unigram_test_perplexity": 525.0}
     values.update({"time/startup_s": 10.0, "time/train_s": 60.0, "time/eval_s": 3.0,
                    "time/checkpoint_s": 0.5, "time/teardown_s": 1.5, "time/total_s": 75.0,
+                   "time/queue_s": 0.0, "time/first_step_s": 12.0,
                    "train_mfu": 0.05, "peak_memory_mib": 900.0})
     return [Metric(k, v, now, trial.steps) for k, v in values.items()]
 

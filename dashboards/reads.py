@@ -181,6 +181,19 @@ def train_rate(uri: str, experiment: str) -> tuple[float, float]:
     return flops, seconds
 
 
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def time_metrics(uri: str, experiment: str) -> list[dict[str, float]]:
+    """The ``time/*`` metrics (seconds, ``orchestrator.tracking.breakdown``) of every finished
+    trial run of ``experiment``: the runs that logged ``time/total_s`` (a trial copied from
+    another experiment's logs 0 there and no phase)."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], f"{ROLE} = 'trial' and "
+                              "metrics.`time/total_s` >= 0", max_results=50_000) if exp else []
+    return [{k: v for k, v in run.data.metrics.items() if k.startswith("time/")}
+            for run in runs]
+
+
 def _ledger(url: str):
     from orchestrator.ledger import Ledger
 

@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", help="path of the experiment YAML")
     p.add_argument("--yes", action="store_true",
                    help=f"run a grid of more than {MAX_TRIALS:,} trials")
+    p.add_argument("--no-cache", action="store_true",
+                   help="train the trials that another experiment of the ledger has finished, "
+                   "instead of copying them")
     p = sub.add_parser("train", help="train one trial in this process (a spec's row, or a "
                        "preset); no Ray, MLflow or ledger",
                        description=local_trial.__doc__,
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         trials = plan(spec)
         wall = None if args.no_calibrate else estimate_wall_s(trials, spec.workload_impl)
-        print(format_plan(spec, trials, wall, concurrency(spec)))
+        print(format_plan(spec, trials, wall, concurrency(spec),
+                          _finished_in_ledger({t.trial_id for t in trials})))
         return 0
     if args.command == "run":
         if spec.grid_size > MAX_TRIALS and not args.yes:
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         from workloads.core.reach import ServiceError
 
         try:
-            return 0 if run_experiment(spec, Path(args.spec).read_text()) else 1
+            return 0 if run_experiment(spec, Path(args.spec).read_text(),
+                                       cache=not args.no_cache) else 1
         except ServiceError as e:  # raised before anything trains
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -183,6 +188,21 @@ def main(argv: list[str] | None = None) -> int:
     print(format_optima(table, short_metric(spec)))
     _print_efficiency(spec.name, {r.trial_hash for r in rows}, time_split=False)
     return 0
+
+
+def _finished_in_ledger(trial_ids: set[str]) -> set[str] | None:
+    """Those of ``trial_ids`` that the ledger has FINISHED in any experiment, read without
+    creating or migrating it; None, said in one line, when it does not answer within 5 s."""
+    from orchestrator.ledger import Ledger
+    from orchestrator.settings import Settings
+
+    try:
+        return Ledger(Settings().ledger_url, migrate=False,
+                      retry_deadline_s=5).finished_hashes(trial_ids)
+    except Exception as e:  # planning needs no ledger
+        print(f"cached: unknown, the ledger did not answer ({str(e).splitlines()[0]})",
+              file=sys.stderr)
+        return None
 
 
 def _print_efficiency(experiment: str, trial_ids: set[str], time_split: bool) -> None:

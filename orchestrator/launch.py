@@ -62,7 +62,9 @@ class Task:
     """One pending trial of experiment ``experiment`` for ``trial_driver``: its ``Job``, the
     ``Workload`` that trains it, its ledger row, where the ledger is, the storage root its
     checkpoints go to (the same trial in two experiments keeps two runs: each resumes only its own),
-    and the lease it is trained under (``owner``, renewed for ``lease_s`` seconds)."""
+    and the lease it is trained under (``owner``, renewed for ``lease_s`` seconds); when its
+    submission started (``submitted_at``) and handed it to Ray Tune (``queued_at``), UNIX
+    seconds."""
 
     job: Job
     workload: Workload
@@ -72,6 +74,8 @@ class Task:
     storage: StorageRoot
     owner: str
     lease_s: float
+    submitted_at: float | None = None
+    queued_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -172,8 +176,8 @@ def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
         os.environ.setdefault(name, value)
     job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
     result = fit(task, job)
-    tracking.log_timing(client, job.run_id,
-                        tracking.breakdown(result.metrics, job.submitted_at, time.time()))
+    tracking.log_timing(client, job.run_id, tracking.breakdown(
+        result.metrics, job.submitted_at, time.time(), task.queued_at, task.submitted_at))
     workload = task.workload
     if not record(ledger, client, task.row_id, job.run_id, Status.FINISHED, owner=task.owner,
                   metric=result.metrics[workload.metric],
@@ -227,10 +231,13 @@ class SettleFailures(ray.tune.Callback):
                   flush=True)
 
 
-def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: int) -> None:
-    """Run ``tasks`` with Ray Tune, ``concurrency`` at once; each outcome lands in the ledger
-    and MLflow."""
-    by_id = {t.job.trial.trial_id: t for t in tasks}
+def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: int,
+             submitted_at: float | None = None) -> None:
+    """Run ``tasks`` of the submission started at ``submitted_at`` (UNIX seconds) with Ray Tune,
+    ``concurrency`` at once; each outcome lands in the ledger and MLflow."""
+    queued_at = time.time()
+    by_id = {t.job.trial.trial_id: dataclasses.replace(t, submitted_at=submitted_at,
+                                                       queued_at=queued_at) for t in tasks}
     # Tune pickles its search state, name creator included, into the storage root: the creator
     # sees the labels only, never a Task (whose ledger URL may hold a password).
     labels = {i: t.job.trial.label.replace(" ", "_") for i, t in by_id.items()}

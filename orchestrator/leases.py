@@ -62,20 +62,25 @@ class Heartbeat:
 
 def wait_for_holders(ledger: Ledger, experiment_row_id: int, held: list[Trial],
                      poll_s: float) -> list[Trial]:
-    """Wait while other submissions train ``held``: returns [] once every one of them has
-    settled (FINISHED or FAILED there), or, as soon as one's lease has lapsed (its owner
-    died), the ones still unsettled, to be claimed again."""
+    """Wait while other submissions train ``held`` (in this experiment or, for a trial id that
+    another experiment shares, in that one): returns [] once every one of them has settled
+    here (FINISHED or FAILED), or, as soon as one of them is held by no live lease in any
+    experiment (its holder finished it there, or died), the ones still unsettled here, to be
+    claimed again."""
     if not held:
         return []
     by_id = {t.trial_id: t for t in held}
     print(f"[cemlab] waiting for {len(held)} trial(s) that another submission holds",
           flush=True)
     while True:
-        rows = [r for r in ledger.trials(experiment_row_id) if r.trial_hash in by_id]
-        open_rows = [r for r in rows if r.status not in SETTLED]
-        if not open_rows:
+        rows = ledger.rows_of_trials(set(by_id))
+        open_ids = {r.trial_hash for r in rows
+                    if r.experiment_id == experiment_row_id and r.status not in SETTLED}
+        if not open_ids:
             return []
         now = utc_now()
-        if any(r.lease_expires_at is None or r.lease_expires_at <= now for r in open_rows):
-            return [by_id[r.trial_hash] for r in open_rows]
+        live = {r.trial_hash for r in rows
+                if r.lease_expires_at is not None and r.lease_expires_at > now}
+        if open_ids - live:
+            return [by_id[h] for h in sorted(open_ids)]
         time.sleep(poll_s)

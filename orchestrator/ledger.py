@@ -10,13 +10,21 @@ VARCHAR(16) column).
 Leases
 ------
 A submission trains a trial only while it holds the trial's lease (``acquire``): its owner id, the
-time of its last heartbeat and an expiry, taken under a row lock (``SELECT ... FOR UPDATE SKIP
-LOCKED`` on PostgreSQL, so that a second claimer never waits on the first; the database's single
-write lock, ``BEGIN IMMEDIATE``, on SQLite). A holder renews its leases while it runs (``renew``); a
-finished or failed trial's lease is released with its status, which only the holder records
-(``update_trial(..., owner=...)``); the lease of an owner that died is taken over once it has
-expired. Expiry is compared with the claimer's clock (UTC): hosts must agree to well within a lease
-(seconds, against the default 120 s).
+time of its last heartbeat and an expiry, taken under a lock on the trial id across experiments
+(a transaction-scoped advisory lock keyed by the trial id on PostgreSQL; the database's single
+write lock, ``BEGIN IMMEDIATE``, on SQLite): of the rows that share a trial id, in any
+experiment, one at a time holds a live lease. A holder renews its leases while it runs
+(``renew``); a finished or failed trial's lease is released with its status, which only the
+holder records (``update_trial(..., owner=...)``); the lease of an owner that died is taken over
+once it has expired. Expiry is compared with the claimer's clock (UTC): hosts must agree to well
+within a lease (seconds, against the default 120 s).
+
+The trial cache
+---------------
+A trial id is the trial's scientific identity (model, data, budget, optimizer, seed, code), not
+its experiment's. A trial of one experiment whose id has a FINISHED row in another experiment,
+trained there (``finished_copy``), is settled from that row instead of being trained again: its
+row takes the metrics and checkpoint and points to the trained row (``source_trial_id``).
 
 Database outages
 ----------------
@@ -73,6 +81,7 @@ from sqlalchemy import (
     Engine,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -158,7 +167,8 @@ class TrialRow(Base):
     """One trial of an experiment: its hash, grid coordinates, status and where it lives."""
 
     __tablename__ = "cemlab_trials"
-    __table_args__ = (UniqueConstraint("experiment_id", "trial_hash"),)
+    __table_args__ = (UniqueConstraint("experiment_id", "trial_hash"),
+                      Index("ix_cemlab_trials_trial_hash", "trial_hash"))
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("cemlab_experiments.id"))
     trial_hash: Mapped[str] = mapped_column(String(64))
@@ -180,14 +190,17 @@ class TrialRow(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200))  # the submission training it
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime)  # its owner's last renewal
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    # the row of another experiment that trained this trial, when settled from the trial cache
+    source_trial_id: Mapped[int | None] = mapped_column(
+        ForeignKey("cemlab_trials.id", name="fk_cemlab_trials_source_trial_id"))
 
 
 @dataclass(frozen=True)
 class Lease:
     """What ``Ledger.acquire`` found: whether the caller now holds the trial's lease, who holds
-    it (``owner``, until ``expires_at``, UTC), the trial's status, and ``previous_owner`` when
-    the caller took over a lease that had expired. ``owner`` is None when another claimer had
-    the row locked at that instant (PostgreSQL)."""
+    it (``owner``, until ``expires_at``, UTC; possibly on a row of the same trial id in another
+    experiment), the trial's status, and ``previous_owner`` when the caller took over a lease
+    that had expired. ``owner`` is None when nobody holds it (a FINISHED trial)."""
 
     acquired: bool
     status: Status | None
@@ -411,6 +424,11 @@ class Ledger:
             return row
 
     @retrying
+    def experiment_name(self, experiment_id: int) -> str:
+        with self.session() as s:
+            return s.get(ExperimentRow, experiment_id).name
+
+    @retrying
     def update_experiment(self, experiment_id: int, **fields) -> None:
         with self.session() as s:
             row = s.get(ExperimentRow, experiment_id)
@@ -501,30 +519,68 @@ class Ledger:
     @retrying
     def acquire(self, row_id: int, owner: str, lease_s: float) -> Lease:
         """Take (or renew) the lease of trial row ``row_id`` for ``owner`` for ``lease_s``
-        seconds, unless the trial is FINISHED, another owner's lease has not expired, or (on
-        PostgreSQL) another claimer holds the row's lock right now. One short transaction
-        under a row lock: of two claimers at once, exactly one acquires."""
+        seconds, unless the trial is FINISHED, or another owner holds a lease that has not
+        expired on this row or on any row of the same trial id in another experiment (that
+        submission trains it). One short transaction under a lock on the trial id: of two
+        claimers at once, in one experiment or in two, exactly one acquires."""
         with self.engine.begin() as conn:
             if conn.dialect.name == "sqlite" and conn.dialect.driver == "pysqlite":
                 conn.exec_driver_sql("BEGIN IMMEDIATE")  # the single writer, from the read on
-            query = select(TrialRow.status, TrialRow.lease_owner,
-                           TrialRow.lease_expires_at).where(TrialRow.id == row_id)
-            if conn.dialect.name == "postgresql":
-                query = query.with_for_update(skip_locked=True)
-            row = conn.execute(query).one_or_none()
-            if row is None:  # locked by a concurrent claimer: it decides
-                return Lease(False, None, None, None)
+            trial_hash = conn.execute(select(TrialRow.trial_hash)
+                                      .where(TrialRow.id == row_id)).scalar_one()
+            if conn.dialect.name == "postgresql":  # released when the transaction ends
+                conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:h, 0))"),
+                             {"h": trial_hash})
+            rows = conn.execute(select(TrialRow.id, TrialRow.status, TrialRow.lease_owner,
+                                       TrialRow.lease_expires_at)
+                                .where(TrialRow.trial_hash == trial_hash)).all()
+            row = next(r for r in rows if r.id == row_id)
             status = Status(row.status) if row.status else None
             now = utc_now()
-            held = (row.lease_owner not in (None, owner) and row.lease_expires_at is not None
-                    and row.lease_expires_at > now)
-            if status is Status.FINISHED or held:
-                return Lease(False, status, row.lease_owner, row.lease_expires_at)
+            holder = next((r for r in sorted(rows, key=lambda r: r.id != row_id)
+                           if r.lease_owner not in (None, owner)
+                           and r.lease_expires_at is not None and r.lease_expires_at > now),
+                          None)
+            if status is Status.FINISHED or holder is not None:
+                return Lease(False, status, holder and holder.lease_owner,
+                             holder and holder.lease_expires_at)
             expires = now + dt.timedelta(seconds=lease_s)
             conn.execute(update(TrialRow).where(TrialRow.id == row_id).values(
                 lease_owner=owner, heartbeat_at=now, lease_expires_at=expires))
             previous = row.lease_owner if row.lease_owner not in (None, owner) else None
             return Lease(True, status, owner, expires, previous)
+
+    @retrying
+    def finished_copy(self, trial_hash: str, experiment_id: int) -> TrialRow | None:
+        """The earliest FINISHED row of trial ``trial_hash`` in an experiment other than
+        ``experiment_id`` that trained it there (not itself settled from the cache), or None."""
+        with self.session() as s:
+            return s.scalar(select(TrialRow).where(
+                TrialRow.trial_hash == trial_hash, TrialRow.experiment_id != experiment_id,
+                TrialRow.status == Status.FINISHED, TrialRow.source_trial_id.is_(None))
+                .order_by(TrialRow.finished_at, TrialRow.id).limit(1))
+
+    @retrying
+    def finished_hashes(self, trial_hashes: set[str]) -> set[str]:
+        """Those of ``trial_hashes`` with a FINISHED row in any experiment."""
+        if not trial_hashes or not self._has_tables():
+            return set()
+        found: set[str] = set()
+        hashes = sorted(trial_hashes)
+        with self.session() as s:
+            for i in range(0, len(hashes), 500):  # within any database's bound-parameter limit
+                found.update(s.scalars(select(TrialRow.trial_hash).where(
+                    TrialRow.trial_hash.in_(hashes[i:i + 500]),
+                    TrialRow.status == Status.FINISHED)))
+        return found
+
+    @retrying
+    def rows_of_trials(self, trial_hashes: set[str]) -> list[TrialRow]:
+        """Every row, in any experiment, of the trials ``trial_hashes``."""
+        hashes = sorted(trial_hashes)
+        with self.session() as s:
+            return [r for i in range(0, len(hashes), 500) for r in s.scalars(
+                select(TrialRow).where(TrialRow.trial_hash.in_(hashes[i:i + 500])))]
 
     @retrying
     def renew(self, owner: str, lease_s: float) -> int:

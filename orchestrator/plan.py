@@ -142,8 +142,13 @@ SUMMARY_ABOVE = 1000  # a larger grid is planned as a summary: a row per cell, n
 
 
 def format_plan(spec: ExperimentSpec, trials: list[Trial],
-                wall_s: dict[str, float] | None = None, slots: int = 1) -> str:
+                wall_s: dict[str, float] | None = None, slots: int = 1,
+                cached: set[str] | None = None) -> str:
     """The grid as a table (one row per trial, ``#`` its row number) with totals.
+
+    ``cached`` holds the ids of trials that the ledger has FINISHED, in this experiment or
+    another (``Ledger.finished_hashes``): they are marked ``cached``, counted in a last line,
+    and take no wall time, since ``run`` copies them rather than training them.
 
     ``mem/GPU`` (``mem/worker`` on CPUs) is the workload's ``memory`` estimate (the language
     model's: weights, gradients and optimizer states under the trial's ZeRO stage plus one
@@ -153,9 +158,19 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     """
     several = len({t.dataset for t in trials}) > 1
     rows = [_row(spec, i, t, several, wall_s) for i, t in enumerate(trials)]
-    walls = [wall_s[t.trial_id] for t in trials] if wall_s else None
-    return "\n".join([_head(spec, trials[0], len(trials)), format_table(rows),
-                      _total(spec, [(t, 1) for t in trials], walls, slots)])
+    if cached is not None:
+        for row, t in zip(rows, trials, strict=True):
+            row["cache"] = "cached" if t.trial_id in cached else ""
+    walls = [0.0 if cached and t.trial_id in cached else wall_s[t.trial_id] for t in trials] \
+        if wall_s else None
+    lines = [_head(spec, trials[0], len(trials)), format_table(rows),
+             _total(spec, [(t, 1) for t in trials], walls, slots)]
+    if cached is not None:
+        n = sum(t.trial_id in cached for t in trials)
+        lines.append(f"cached: {n:,} of {len(trials):,} trial(s) finished in the ledger already; "
+                     "run copies them from the experiment that trained them (--no-cache trains "
+                     "those of other experiments again)")
+    return "\n".join(lines)
 
 
 def format_summary(spec: ExperimentSpec, grid: list[Cell],

@@ -106,7 +106,9 @@ def status_counts(rows: list[TrialRow]) -> dict[Status, int]:
 def format_time_split(trials: list[dict]) -> str:
     """One line: the share of the ``trials``' wall time (``tracking.finished_trials``) spent in
     train steps, and the seconds of every phase (``workloads.runtime.timing``), summed over them
-    (``compile`` only where a trial compiled)."""
+    (``compile`` only where a trial compiled); then, where logged (``tracking.breakdown``), their
+    seconds queued for a slot of the grid (summed) and the first train step after submit (the
+    earliest of any trial: a submission's, when ``trials`` are one submission's)."""
     seconds: dict[str, float] = {}
     for trial in trials:
         for k, v in trial["metrics"].items():
@@ -118,9 +120,16 @@ def format_time_split(trials: list[dict]) -> str:
     parts = ", ".join(f"{name} {seconds.get(f'time/{name}_s', 0.0):,.0f} s"
                       for name in (*PHASES, "teardown")
                       if name != "compile" or seconds.get("time/compile_s", 0.0) > 0)
-    return (f"time split of {len(trials)} finished trial(s): "
+    line = (f"time split of {len(trials)} finished trial(s): "
             f"{seconds.get('time/train_s', 0.0) / total:.0%} in train steps ({parts}; "
             f"{total:,.0f} s in all)")
+    if "time/queue_s" in seconds:
+        line += f"; before that, {seconds['time/queue_s']:,.0f} s queued for a slot of the grid"
+    firsts = [t["metrics"]["time/first_step_s"] for t in trials
+              if "time/first_step_s" in t["metrics"]]
+    if firsts:
+        line += f"; first train step {min(firsts):,.1f} s after submit"
+    return line
 
 
 def format_efficiency(trials: list[dict]) -> str:
@@ -151,7 +160,8 @@ def format_status(spec: ExperimentSpec, rows: list[TrialRow], planned: int) -> s
             + ", ".join(f"{n} {s.lower()}" for s, n in status_counts(rows).items())
             + f", {max(planned - len(rows), 0)} not yet submitted")
     table = [{"trial": r.trial_hash, "dataset": r.dataset, "variant": r.variant,
-              "size": r.size, "lr": f"{r.lr:g}", "seed": r.seed, "status": str(r.status),
+              "size": r.size, "lr": f"{r.lr:g}", "seed": r.seed,
+              "status": f"{r.status} (cached)" if r.source_trial_id else str(r.status),
               metric_name(spec): r.metric, "mlflow run": r.mlflow_run_id,
               "updated": r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
               "checkpoint": r.checkpoint_path} for r in rows]

@@ -5,7 +5,8 @@
 1. ``prepare``: the workload prepares its data; the plan is computed once from it.
 2. ``open_books``: the ledger's experiment row and the MLflow experiment and parent run.
 3. ``claim``: a ledger row per trial, and for each unfinished one that no other live
-   submission holds, its lease and its one MLflow run; finished trials are skipped.
+   submission holds, its lease and its one MLflow run; finished trials are skipped, and a
+   trial that another experiment of the ledger finished is copied from it (the trial cache).
 4. ``launch``: Ray Tune runs the claimed trials (each a Ray Train run); then ``claim`` and
    ``launch`` again whatever another submission held until its lease lapsed, waiting for the
    rest to settle there (``leases.wait_for_holders``). A heartbeat keeps this submission's
@@ -151,11 +152,13 @@ def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Book
 
 
 def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: Books,
-          owner: str) -> tuple[list[tune.Task], list[Trial]]:
+          owner: str, cache: bool = True) -> tuple[list[tune.Task], list[Trial]]:
     """A ledger row per trial of ``spec``; for each unfinished trial whose lease ``owner`` gets (no
-    other live submission holds it), one MLflow run (never two, even after a crash between creating
-    the run and recording it) and a Tune task. Returns the tasks, and the trials that another
-    submission holds (each said in one line)."""
+    other live submission holds it, in this experiment or another), with ``cache`` and a FINISHED
+    row of the same trial id in another experiment, its copy (``settle_from_cache``); otherwise
+    one MLflow run (never two, even after a crash between creating the run and recording it) and
+    a Tune task. Returns the tasks, and the trials that another submission holds (each said in
+    one line)."""
     tasks, held = [], []
     for trial in trials:
         row = books.ledger.ensure_trial(books.experiment_row_id, trial.trial_id,
@@ -171,6 +174,13 @@ def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
             print(f"[cemlab] {trial.label} ({trial.trial_id}): held by "
                   f"{lease.owner or 'another submission'}{until}, which trains it", flush=True)
             held.append(trial)
+            continue
+        # under the lease, so a holder in another experiment has settled; a row with a run of
+        # its own has started training here, and resumes
+        source = books.ledger.finished_copy(trial.trial_id, books.experiment_row_id) \
+            if cache and row.mlflow_run_id is None else None
+        if source is not None:
+            settle_from_cache(trial, row, source, books, owner)
             continue
         taken = f", taken over from {lease.previous_owner}, whose lease expired"
         print(f"[cemlab] {trial.label} ({trial.trial_id}): claimed by {owner}"
@@ -189,12 +199,30 @@ def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
     return tasks, held
 
 
-def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings) -> None:
-    """Run ``tasks`` with Ray Tune (``connect``)."""
+def settle_from_cache(trial: Trial, row: TrialRow, source: TrialRow, books: Books,
+                      owner: str) -> None:
+    """Settle ``row`` (whose lease ``owner`` holds) from ``source``, the FINISHED row of the same
+    trial id that another experiment trained: an MLflow run of this experiment copied from the
+    source's (``tracking.copy_trial_run``), and the source's metrics and checkpoint, pointing to
+    it (``source_trial_id``)."""
+    run_id = tracking.copy_trial_run(books.client, books.mlflow_experiment_id,
+                                     books.parent_run_id, source.mlflow_run_id)
+    books.ledger.update_trial(row.id, owner=owner, status=Status.FINISHED, mlflow_run_id=run_id,
+                              metric=source.metric, val_metric=source.val_metric,
+                              checkpoint_path=source.checkpoint_path, source_trial_id=source.id)
+    where = books.ledger.experiment_name(source.experiment_id)
+    print(f"[cemlab] {trial.label} ({trial.trial_id}): cached, trained in experiment "
+          f"'{where}' (run {source.mlflow_run_id})", flush=True)
+
+
+def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings,
+           submitted_at: float | None = None) -> None:
+    """Run ``tasks`` of the submission started at ``submitted_at`` (UNIX seconds) with Ray Tune
+    (``connect``)."""
     if not tasks:
         return
     connect()
-    tune.run_grid(spec.name, tasks, settings.storage, concurrency(spec))
+    tune.run_grid(spec.name, tasks, settings.storage, concurrency(spec), submitted_at)
 
 
 def analyse(spec: ExperimentSpec, trials: list[Trial], books: Books,
@@ -231,10 +259,19 @@ def register(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
     registrable."""
     if not spec.workload_impl.registers_models:
         return
-    results = {r.trial_hash: (r.mlflow_run_id, r.val_metric, r.metric) for r in rows
-               if r.val_metric is not None}
-    for line in register_best(books.client, spec.name, spec.workload_impl, trials, results):
+    for line in register_best(books.client, spec.name, spec.workload_impl, trials,
+                              model_runs(rows, books.ledger)):
         print(f"[cemlab] {line}")
+
+
+def model_runs(rows: list[TrialRow], ledger: Ledger) -> dict[str, tuple[str, float, float]]:
+    """``register_best``'s results: trial id -> (the MLflow run holding its model, validation
+    metric, test metric) for the ``rows`` evaluated. A cached trial's model is its source run's,
+    where it was trained (and is registered once)."""
+    trained = {r.id: r.mlflow_run_id for r in ledger.rows_of_trials(
+        {r.trial_hash for r in rows if r.source_trial_id is not None})}
+    return {r.trial_hash: (trained.get(r.source_trial_id, r.mlflow_run_id), r.val_metric,
+                           r.metric) for r in rows if r.val_metric is not None}
 
 
 def close(books: Books, done: bool) -> None:
@@ -246,8 +283,10 @@ def close(books: Books, done: bool) -> None:
     print(f"\nMLflow: {url or uri}\nDashboard: make dashboard", flush=True)
 
 
-def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
-    """Run every trial of ``spec`` not yet FINISHED in the ledger; analyse; register.
+def run_experiment(spec: ExperimentSpec, spec_yaml: str, cache: bool = True) -> bool:
+    """Run every trial of ``spec`` not yet FINISHED in the ledger; analyse; register. With
+    ``cache``, a trial that another experiment of the ledger has FINISHED is copied from it,
+    not trained again.
 
     Exactly once: a trial's ledger row keeps its single MLflow run (nested under the
     experiment's parent run); a finished trial is skipped, an unfinished one resumes from its
@@ -258,7 +297,7 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
     Returns:
         True when every trial of the grid has finished.
     """
-    started = time.perf_counter()
+    started, submitted_at = time.perf_counter(), time.time()
     settings = Settings()
     check_services(settings)
     prepared, trials = prepare(spec, settings)
@@ -267,8 +306,8 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str) -> bool:
     with leases.Heartbeat(books.ledger, owner, settings.lease_s):
         pending = trials
         while pending:
-            tasks, held = claim(spec, pending, prepared, books, owner)
-            launch(spec, tasks, settings)
+            tasks, held = claim(spec, pending, prepared, books, owner, cache)
+            launch(spec, tasks, settings, submitted_at)
             pending = leases.wait_for_holders(books.ledger, books.experiment_row_id, held,
                                               poll_s=min(5.0, settings.lease_s / 4))
     rows, table = analyse(spec, trials, books)

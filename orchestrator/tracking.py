@@ -116,15 +116,62 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
     return run.info.run_id
 
 
+CACHED_FROM_TAG = "cemlab.cached_from"  # on a trial run copied from the run that trained it
+_BATCH = 1000  # MLflow's limit of entries per log_batch call (100 of them params or tags)
+
+
+def copy_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str,
+                   source_run_id: str) -> str:
+    """A FINISHED run of experiment ``exp_id``, nested under ``parent_run_id``, holding the
+    trial run ``source_run_id`` of another experiment (the trial cache): its tags, params and
+    every metric's whole history, but no ``time/*`` phases (this experiment spent nothing on
+    it: ``time/total_s`` is 0, so sums of time and compute count the trial once, where it
+    trained), and ``cemlab.cached_from`` naming the source run. Its artifacts (checkpoints,
+    the model) stay with the source run. A copy that an earlier call finished is returned as it
+    is; one that it left unfinished (a crash) is deleted and made again. Returns the run id."""
+    source = client.get_run(source_run_id)
+    trial_id = source.data.tags[TRIAL_TAG]
+    for run in client.search_runs([exp_id], f"tags.`{TRIAL_TAG}` = '{trial_id}' and "
+                                  f"tags.`{CACHED_FROM_TAG}` = '{source_run_id}'"):
+        if run.info.status == RunStatus.to_string(RunStatus.FINISHED):
+            return run.info.run_id
+        client.delete_run(run.info.run_id)
+    tags = {k: v for k, v in source.data.tags.items()
+            if not k.startswith("mlflow.") or k == COMMIT_TAG}
+    tags.update({PARENT_TAG: parent_run_id, CACHED_FROM_TAG: source_run_id})
+    run_id = client.create_run(exp_id, run_name=source.info.run_name, tags=tags).info.run_id
+    params = [Param(k, v) for k, v in source.data.params.items()]
+    for i in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[i:i + 100])
+    metrics = [m for key in source.data.metrics if not key.startswith("time/")
+               for m in client.get_metric_history(source_run_id, key)]
+    metrics.append(Metric("time/total_s", 0.0, int(time.time() * 1000), 0))
+    for i in range(0, len(metrics), _BATCH):
+        client.log_batch(run_id, metrics=metrics[i:i + _BATCH])
+    client.set_terminated(run_id, RunStatus.to_string(RunStatus.FINISHED))
+    return run_id
+
+
 def breakdown(reported: dict[str, float], started_at: float, ended_at: float,
+              queued_at: float | None = None, submitted_at: float | None = None,
               ) -> dict[str, float]:
     """The worker's ``reported`` phases (``workloads.core.trial.PHASES``) plus ``time/total_s``
     (``ended_at - started_at``, UNIX seconds) and ``time/teardown_s``: the rest of the total
-    (the final checkpoint, the model upload, stopping the workers), never negative."""
+    (the final checkpoint, the model upload, stopping the workers), never negative.
+
+    Outside the total, with ``queued_at`` (when the submission handed the trial to Ray Tune):
+    ``time/queue_s``, its wait for a slot of the grid until ``started_at`` (its driver handed it
+    to Ray Train); with ``submitted_at`` (when its submission started): ``time/first_step_s``,
+    from then to its first train step (``started_at`` plus its startup)."""
     parts = {f"time/{k}_s": float(reported.get(f"time/{k}_s", 0.0)) for k in PHASES}
     total = ended_at - started_at
-    return {**parts, "time/teardown_s": max(0.0, total - sum(parts.values())),
-            "time/total_s": total}
+    out = {**parts, "time/teardown_s": max(0.0, total - sum(parts.values())),
+           "time/total_s": total}
+    if queued_at is not None:
+        out["time/queue_s"] = max(0.0, started_at - queued_at)
+    if submitted_at is not None:
+        out["time/first_step_s"] = started_at + parts["time/startup_s"] - submitted_at
+    return out
 
 
 def log_timing(client: MlflowClient, run_id: str, seconds: dict[str, float]) -> None:

@@ -1,5 +1,6 @@
 """Overview: every experiment with its ledger progress, elapsed and estimated remaining time,
-and the failed trials with their one-line error; refreshes itself while anything runs."""
+the failed trials with their one-line error, and where each experiment's time went; refreshes
+itself while anything runs."""
 
 from __future__ import annotations
 
@@ -59,6 +60,22 @@ def live() -> None:
                    "`python -m orchestrator status SPEC` prints its whole record.")
     else:
         st.caption("None.")
+    split = frames.time_split({name: reads.time_metrics(uri, name)
+                               for name in progress["experiment"]})
+    st.subheader("Where the time went")
+    if split.empty:
+        st.caption("No trial has finished yet.")
+        return
+    st.dataframe(split, hide_index=True, column_config={
+        "in train steps": st.column_config.ProgressColumn(
+            "in train steps", format="percent", min_value=0.0, max_value=1.0),
+        **{c: st.column_config.NumberColumn(c, format="%.1f") for c in split.columns[3:]}})
+    st.caption("Seconds summed over each experiment's finished trials, as `cemlab status SPEC` "
+               "prints them: startup (the trial handed to Ray Train until its first step), "
+               "compile, train steps, evaluation, checkpoints, teardown; queued (waiting for a "
+               "slot of the grid, outside the total), and the first train step after the "
+               "submission started. Trials copied from another experiment count where they "
+               "trained.")
 
 
 live()

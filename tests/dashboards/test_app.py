@@ -47,6 +47,13 @@ def test_overview_counts_every_status_and_names_the_failure(seeded_store, monkey
     failed = at.dataframe[1].value
     assert sorted(failed["trial"]) == sorted(seeded.failed.values())
     assert set(failed["error"]) == {FAILED_ERROR}
+    split = at.dataframe[2].value.set_index("experiment")  # every seeded trial: 60 of 75 s
+    for name, trials in seeded.trials.items():
+        trained = len(trials) - 2 * (name in seeded.failed)
+        assert split.loc[name, "trials"] == trained
+        assert split.loc[name, "in train steps"] == pytest.approx(0.8)
+        assert split.loc[name, "total s"] == pytest.approx(75.0 * trained)
+        assert split.loc[name, "first step after submit s"] == 12.0
 
 
 def test_compare_recovers_the_power_law_and_the_saving(seeded_store, monkeypatch):

@@ -107,3 +107,23 @@ def test_recursion_pairs_join_plain_reuse_to_its_setting():
     pairs = frames.recursion_pairs(summary)
     assert pairs[["setting", "T", "test"]].values.tolist() == [
         ["llama", 1, 30.0], ["llama", 2, 29.0], ["cem-attn", 1, 34.0], ["cem-attn", 2, 33.0]]
+
+
+def test_the_time_split_sums_phases_of_trials_trained_here_and_takes_the_first_step():
+    def trial(train, total, queue, first):
+        return {"time/startup_s": 5.0, "time/train_s": train, "time/eval_s": 1.0,
+                "time/total_s": total, "time/queue_s": queue, "time/first_step_s": first}
+
+    split = frames.time_split({
+        "a": [trial(30.0, 40.0, 0.0, 9.0), trial(50.0, 60.0, 40.0, 49.0),
+              {"time/total_s": 0.0}],  # a copy from another experiment's cache
+        "b": [{"time/total_s": 0.0}], "c": []}).set_index("experiment")
+    assert list(split.index) == ["a"]  # b and c trained nothing here
+    row = split.loc["a"]
+    assert row["trials"] == 2 and row["in train steps"] == pytest.approx(0.8)
+    assert (row["startup s"], row["train s"], row["eval s"], row["compile s"]) == (
+        10.0, 80.0, 2.0, 0.0)
+    assert (row["total s"], row["queued s"], row["first step after submit s"]) == (
+        100.0, 40.0, 9.0)
+    assert math.isnan(frames.time_split({"d": [{"time/total_s": 10.0}]})
+                      .loc[0, "first step after submit s"])

@@ -596,6 +596,24 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
     status = orchestrator(env, "status")
     assert "gp-e2e" in status.stdout and "resume" in status.stdout
 
+    # a second experiment sharing (t1, seed 1) copies it from the first and trains seed 2
+    more = {**spec, "name": "gp-e2e-more", "variants": {"t1": {"mlp_steps": 1}},
+            "seeds": [1, 2]}
+    path = write_spec(tmp_path, more)
+    plan = orchestrator(env, "plan", str(path), "--no-calibrate")
+    assert "cached: 1 of 2 trial(s) finished in the ledger already" in plan.stdout, plan.stdout
+    proc = orchestrator(env, "run", str(path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cached, trained in experiment 'gp-e2e'" in proc.stdout
+    more_rows = {r.seed: r for r in ledger.trials(ledger.experiment("gp-e2e-more").id)}
+    (source,) = [r for r in rows if (r.variant, r.seed) == ("t1", 1)]
+    assert more_rows[1].source_trial_id == source.id and more_rows[1].metric == source.metric
+    assert more_rows[2].source_trial_id is None and more_rows[2].status == Status.FINISHED
+    copied = client.get_run(more_rows[1].mlflow_run_id)
+    assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
+    assert copied.data.metrics["time/total_s"] == 0.0
+    assert "(cached)" in orchestrator(env, "status", str(path)).stdout
+
 
 def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(services):
     import psutil

@@ -67,3 +67,22 @@ def test_waiting_hands_back_the_open_trials_once_a_holder_lapses(tmp_path, capsy
     assert [t.trial_id for t in again] == ["t0", "t1"]  # t1 is claimed again, and found held
     assert 0.25 <= time.monotonic() - started < 5
     assert "waiting for 3 trial(s) that another submission holds" in capsys.readouterr().out
+
+
+def test_waiting_for_a_trial_held_in_another_experiment_ends_when_it_finishes_there(tmp_path):
+    ledger, exp_id, (row,) = _ledger(tmp_path, 1)
+    other = ledger.ensure_experiment("elsewhere", "language_model", "")
+    there = ledger.ensure_trial(other.id, "t0", **COORDS)
+    assert ledger.acquire(there.id, "other", lease_s=60).acquired
+    assert not ledger.acquire(row, "me", lease_s=60).acquired
+
+    def finish_there():
+        time.sleep(0.3)
+        ledger.update_trial(there.id, owner="other", status=Status.FINISHED)
+
+    threading.Thread(target=finish_there).start()
+    started = time.monotonic()
+    # handed back to be claimed (and copied), though its own row here is still open
+    assert [t.trial_id for t in wait_for_holders(ledger, exp_id, [_trial("t0")],
+                                                 poll_s=0.05)] == ["t0"]
+    assert 0.3 <= time.monotonic() - started < 5

@@ -15,12 +15,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.exc import IntegrityError, StatementError
 
 from orchestrator.ledger import (
+    FIRST_REVISION,
     VERSION_TABLE,
     Base,
     Ledger,
     LedgerUnavailable,
     Status,
     TrialRow,
+    alembic_config,
     head_revisions,
     include_name,
 )
@@ -111,11 +113,12 @@ def test_the_migrated_schema_is_the_orm_schema(url):
 
 
 def test_a_ledger_made_by_create_all_is_adopted_with_its_rows(url):
+    from alembic import command
+
     engine = sa.create_engine(url)
-    Base.metadata.create_all(engine)  # how the ledger was made before its migrations
-    with engine.begin() as c:
-        for column in ("val_metric", "lease_owner", "heartbeat_at", "lease_expires_at"):
-            c.exec_driver_sql(f"ALTER TABLE cemlab_trials DROP COLUMN {column}")  # 0002, 0003
+    with engine.begin() as c:  # the schema create_all made before the migrations: 0001's
+        command.upgrade(alembic_config(c), FIRST_REVISION)
+        c.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
         c.exec_driver_sql("INSERT INTO cemlab_experiments (name, workload, spec_yaml, "
                           "created_at, updated_at) VALUES ('old', 'gp_regression', 'x: 1', "
                           "'2025-01-02 03:04:05', '2025-01-02 03:04:05')")
@@ -260,9 +263,9 @@ def test_a_parent_run_is_set_once(url):
     assert ledger.experiment("parent").parent_run_id == "run-a"
 
 
-def _race_for_a_trial(url: str, barrier, owner: str, results) -> None:
+def _race_for_a_trial(url: str, barrier, owner: str, results, experiment: str = "race") -> None:
     ledger = Ledger(url)
-    exp = ledger.ensure_experiment("race", "language_model", "")
+    exp = ledger.ensure_experiment(experiment, "language_model", "")
     barrier.wait()
     row = ledger.ensure_trial(exp.id, "abc123", **COORDS)
     results.put((owner, row.id, ledger.acquire(row.id, owner, lease_s=60).acquired))
@@ -285,6 +288,45 @@ def test_of_processes_claiming_one_trial_at_once_exactly_one_gets_it(url):
     assert len(winners) == 1
     (row,) = Ledger(url).trials(Ledger(url).experiment("race").id)
     assert row.lease_owner == winners[0]
+
+
+def test_of_experiments_claiming_one_trial_id_at_once_exactly_one_gets_it(url):
+    """The trial cache's lease: one trial id in six experiments, claimed at once by six
+    processes, each for its own experiment's row."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_race_for_a_trial,
+                         args=(url, barrier, f"p{i}", results, f"experiment-{i}"))
+             for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0] * 6
+    outcomes = [results.get(timeout=5) for _ in procs]
+    assert len({row_id for _, row_id, _ in outcomes}) == 6  # a row per experiment
+    assert len([owner for owner, _, acquired in outcomes if acquired]) == 1
+
+
+def test_a_lease_covers_the_trial_id_across_experiments_and_the_trained_row_is_found(url):
+    ledger = Ledger(url)
+    a, b = (ledger.ensure_experiment(name, "language_model", "") for name in ("a", "b"))
+    row_a, row_b = (ledger.ensure_trial(e.id, "abc123", **COORDS) for e in (a, b))
+    assert ledger.acquire(row_a.id, "host-a:1:aa", lease_s=60).acquired
+    held = ledger.acquire(row_b.id, "host-b:2:bb", lease_s=60)
+    assert not held.acquired and held.owner == "host-a:1:aa"  # a's lease holds b's row too
+    assert ledger.finished_copy("abc123", b.id) is None
+    assert ledger.finished_hashes({"abc123", "other"}) == set()
+    ledger.update_trial(row_a.id, owner="host-a:1:aa", status=Status.FINISHED, metric=1.5)
+    assert ledger.finished_hashes({"abc123", "other"}) == {"abc123"}
+    assert ledger.finished_copy("abc123", b.id).id == row_a.id
+    assert ledger.finished_copy("abc123", a.id) is None  # never its own experiment's row
+    assert ledger.acquire(row_b.id, "host-b:2:bb", lease_s=60).acquired
+    ledger.update_trial(row_b.id, owner="host-b:2:bb", status=Status.FINISHED,
+                        source_trial_id=row_a.id)
+    c = ledger.ensure_experiment("c", "language_model", "")
+    assert ledger.finished_copy("abc123", c.id).id == row_a.id  # the trained one, not a copy
+    assert {r.experiment_id for r in ledger.rows_of_trials({"abc123"})} == {a.id, b.id}
 
 
 def test_a_ledger_call_rides_out_a_database_outage_then_fails_in_one_line_past_its_deadline(

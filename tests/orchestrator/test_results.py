@@ -65,4 +65,9 @@ def test_the_time_split_and_efficiency_summarise_finished_trials():
     assert rows["llama"][1:] == ["nano", "2", "15.0%", "10.0%-20.0%", "900", "MiB"]
     assert rows["cem"][1:] == ["nano", "1", "5.0%", "5.0%-5.0%", "1,200", "MiB"]
     assert format_time_split([]).startswith("time split: no finished trial")
+    for t, queue, first in zip(trials, (0.0, 40.0, 80.0), (12.5, 52.0, 93.0), strict=True):
+        t["metrics"].update({"time/queue_s": queue, "time/first_step_s": first})
+    assert format_time_split(trials).endswith(
+        "120 s in all); before that, 120 s queued for a slot of the grid; first train step "
+        "12.5 s after submit")
     assert "no finished trial has logged them" in format_efficiency(trials[:0])

@@ -47,3 +47,7 @@ def test_teardown_is_the_rest_of_the_total_and_never_negative():
     assert sum(v for k, v in out.items() if k != "time/total_s") == pytest.approx(100.0)
     assert "val_loss" not in out
     assert tracking.breakdown(reported, 1000.0, 1050.0)["time/teardown_s"] == 0.0  # clocks disagree
+    timed = tracking.breakdown(reported, 1000.0, 1100.0, queued_at=930.0, submitted_at=900.0)
+    assert timed["time/queue_s"] == 70.0  # handed to Tune at 930, to Ray Train at 1000
+    assert timed["time/first_step_s"] == 110.0  # submitted at 900, first step at 1000 + 10
+    assert {k: timed[k] for k in out} == out  # outside the total and its parts
