@@ -23,7 +23,9 @@ class Comparison:
     """``treatment`` against ``control`` (variant names of the claim's spec).
 
     ``kind``: ``better`` (the claim: effect < 0) or ``not_worse`` (the claim: effect <
-    ``margin``, a relative tolerance such as 0.05 for "within 5 %").
+    ``margin``, a relative tolerance such as 0.05 for "within 5 %"). ``equivalence``: the
+    margin inside which the arms count as equal (the TOST verdict ``equivalent``, relative, ±),
+    fixed here, before the trials run.
     """
 
     treatment: str
@@ -32,6 +34,12 @@ class Comparison:
     margin: float = 0.0
     treatment_base: str | None = None
     control_base: str | None = None
+    equivalence: float = 0.01
+
+    @property
+    def threshold(self) -> float:
+        """The effect the claim must stay below: 0 (``better``) or ``margin``."""
+        return self.margin if self.kind == "not_worse" else 0.0
 
     @property
     def arms(self) -> tuple[str, ...]:

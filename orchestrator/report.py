@@ -1,19 +1,14 @@
 """The claims report: each claim of a ``ClaimSet`` (``orchestrator.claims``: the paper's, or the
-recursion study's) measured on the ledger's finished trials, with seeds, mean ± std, a 95 %
-confidence interval paired by seed, and a verdict; written as ``REPORT.md`` plus one PNG figure
-per claim (and ``ladder.png``, the test metric against training tokens, for a set's ladder).
+recursion study's) measured on the ledger's finished trials, with seeds, mean ± std, an interval
+paired by seed and Holm-adjusted across the claim's comparisons, and a verdict
+(``orchestrator.verdicts``: supports, contradicts, equivalent, mixed, underpowered); written as
+``REPORT.md`` plus one PNG figure per claim (and ``ladder.png``, the test metric against
+training tokens, for a set's ladder). docs/statistics.md gives the formulas.
 
 Protocol: per (variant, size, seed) the learning rate is chosen on validation (the Akima optimum
-over log2 LR, ``analysis.seed_choices``) and the test metric is read there; a comparison pairs
-its arms by seed (only seeds every arm finished) and takes the Student-t interval of the
-per-seed effects (``scipy.stats.ttest_1samp``). Verdicts:
-
-- ``better``: supports when the whole interval is below 0, contradicts when it is above 0;
-- ``not_worse`` (margin m): supports when the interval lies below m, contradicts above m;
-- otherwise (or with fewer than 2 seeds) inconclusive at this scale.
-
-A claim supports when all its comparisons (at every size and dataset) do, contradicts when any
-does, and is inconclusive otherwise.
+over log2 LR, ``analysis.seed_choices``) and the test metric is read there (and, beside it, the
+test metric of the trained LR nearest the choice); a comparison pairs its arms by seed (only
+seeds every arm finished). Optima at a grid's edge are flagged.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator import verdicts
 from orchestrator.analysis import Point, seed_choices
 from orchestrator.claims import CLAIM_SETS, Claim, ClaimSet, Comparison
 from orchestrator.ledger import Ledger, Status
@@ -34,21 +30,21 @@ from workloads.core.atomic import atomic_path
 from workloads.core.provenance import code_fingerprint, git_commit
 from workloads.core.trial import Trial
 
-LEVEL = 0.95
-SUPPORTS, CONTRADICTS, INCONCLUSIVE, NOT_RUN = ("supports", "contradicts", "inconclusive",
-                                                "not run")
-
 
 @dataclass(frozen=True)
 class Effect:
-    """One comparison at one (dataset, size): per-seed effects and their summary."""
+    """One comparison at one (dataset, size): per-seed effects (at the chosen LRs, and with the
+    nearest trained LRs' test metrics, ``nearest``), the interval at the comparison's Holm level
+    (``alpha``: 1 - alpha coverage; None with fewer than 2 seeds) and its verdict."""
 
     comparison: Comparison
     dataset: str
     size: str
     seeds: tuple[int, ...]
     per_seed: tuple[float, ...]
-    ci: tuple[float, float] | None  # None with fewer than 2 seeds
+    nearest: tuple[float, ...]
+    ci: tuple[float, float] | None
+    alpha: float
     verdict: str
 
     @property
@@ -70,44 +66,11 @@ class ClaimResult:
     incomplete: tuple[str, ...] = ()  # arms and seeds left out: their LR grid is unfinished
     tests: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     # ^ (dataset, size, variant) -> the test metric of each seed at its chosen LR
+    at_edge: tuple[str, ...] = ()  # arms with seeds whose chosen LR sits at the grid's edge
 
     @property
     def verdict(self) -> str:
-        return combine([e.verdict for e in self.effects])
-
-
-def confidence_interval(xs: list[float], level: float = LEVEL) -> tuple[float, float] | None:
-    """The Student-t interval of the mean of ``xs`` (None for fewer than 2 values; the point
-    itself when they are all equal)."""
-    if len(xs) < 2:
-        return None
-    if statistics.pstdev(xs) == 0:
-        return xs[0], xs[0]
-    from scipy.stats import ttest_1samp
-
-    ci = ttest_1samp(xs, 0.0).confidence_interval(level)
-    return float(ci.low), float(ci.high)
-
-
-def verdict(comparison: Comparison, ci: tuple[float, float] | None) -> str:
-    """The verdict of one interval of effects (module docstring)."""
-    if ci is None:
-        return INCONCLUSIVE
-    threshold = comparison.margin if comparison.kind == "not_worse" else 0.0
-    if ci[1] < threshold:
-        return SUPPORTS
-    if ci[0] > threshold:
-        return CONTRADICTS
-    return INCONCLUSIVE
-
-
-def combine(verdicts: list[str]) -> str:
-    """A claim's verdict from its comparisons' (module docstring); ``not run`` without any."""
-    if not verdicts:
-        return NOT_RUN
-    if CONTRADICTS in verdicts:
-        return CONTRADICTS
-    return SUPPORTS if all(v == SUPPORTS for v in verdicts) else INCONCLUSIVE
+        return verdicts.combine([e.verdict for e in self.effects])
 
 
 def paired_effects(comparison: Comparison, tests: dict[str, dict[int, float]]
@@ -148,27 +111,43 @@ def complete_grids(spec: ExperimentSpec, points: list[Point],
 
 def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
     """``claim`` measured on the finished trials of ``spec`` in ``ledger``, using only the
-    seeds whose learning-rate grid is complete (``complete_grids``)."""
+    seeds whose learning-rate grid is complete (``complete_grids``); the intervals and verdicts
+    Holm-adjusted across all its comparisons at every (dataset, size)."""
     points, incomplete = complete_grids(spec, finished_points(experiment_rows(spec, ledger)))
     choices = seed_choices(points)
-    effects, arms, all_tests = [], [], {}
+    found, arms, all_tests = [], [], {}
     for dataset, size in sorted({(d, s) for d, _, s in choices}):
-        tests = {v: {seed: c.test for seed, c in by_seed.items()}
-                 for (d, v, s), by_seed in choices.items() if (d, s) == (dataset, size)}
-        for variant, by_seed in sorted(tests.items()):
-            chosen = choices[(dataset, variant, size)]
-            all_tests[(dataset, size, variant)] = list(by_seed.values())
+        here = {v: by_seed for (d, v, s), by_seed in choices.items() if (d, s) == (dataset, size)}
+        tests = {v: {seed: c.test for seed, c in by_seed.items()} for v, by_seed in here.items()}
+        nearest = {v: {seed: c.nearest for seed, c in by_seed.items()}
+                   for v, by_seed in here.items()}
+        for variant, by_seed in sorted(here.items()):
+            values = [c.test for c in by_seed.values()]
+            all_tests[(dataset, size, variant)] = values
+            edge = [seed for seed, c in by_seed.items() if c.at_edge]
             arms.append({"dataset": dataset, "size": size, "variant": variant,
-                         "seeds": len(by_seed), "test": _pm(list(by_seed.values()), "{:.3f}"),
-                         "LR (val)": _pm([c.lr for c in chosen.values()], "{:.2e}")})
+                         "seeds": len(by_seed), "test": _pm(values, "{:.3f}"),
+                         "test (nearest LR)": _pm([c.nearest for c in by_seed.values()],
+                                                  "{:.3f}"),
+                         "LR (val)": _pm([c.lr for c in by_seed.values()], "{:.2e}"),
+                         "at grid edge": f"{len(edge)} of {len(by_seed)}"})
         for comparison in claim.comparisons:
             seeds, per_seed = paired_effects(comparison, tests)
             if seeds:
-                ci = confidence_interval(list(per_seed))
-                effects.append(Effect(comparison, dataset, size, seeds, per_seed, ci,
-                                      verdict(comparison, ci)))
-    return ClaimResult(claim, spec, short_metric(spec), tuple(effects), arms, incomplete,
-                       all_tests)
+                found.append((comparison, dataset, size, seeds, per_seed,
+                              paired_effects(comparison, nearest)[1]))
+    family = [verdicts.Sample(per_seed, c.threshold, c.equivalence)
+              for c, _, _, _, per_seed, _ in found]
+    levels = verdicts.holm_levels([t.p_value() for t in family])
+    effects = tuple(Effect(c, d, s, seeds, per_seed, near, t.interval(alpha), alpha,
+                           verdicts.verdict(t, alpha))
+                    for (c, d, s, seeds, per_seed, near), t, alpha in zip(found, family, levels,
+                                                                          strict=True))
+    edges = tuple(f"{a['variant']}@{a['size']} ({a['dataset']}): {a['at grid edge']} seeds "
+                  "chose a learning rate at the grid's edge" for a in arms
+                  if not a["at grid edge"].startswith("0 "))
+    return ClaimResult(claim, spec, short_metric(spec), effects, arms, incomplete, all_tests,
+                       edges)
 
 
 def claim_spec_path(directory: Path, claim: Claim, scale: str = "cpu") -> Path:
@@ -198,8 +177,10 @@ def _effect_row(result: ClaimResult, e: Effect) -> dict:
     return {"claim": f"({result.claim.key})", "comparison": e.comparison.describe(),
             "data": e.dataset, "size": e.size, "seeds": len(e.seeds),
             "effect": f"{_pct(e.mean)} ± {100 * e.std:.1f}%",
-            f"{LEVEL:.0%} CI": (f"[{_pct(e.ci[0])}, {_pct(e.ci[1])}]" if e.ci else "-"),
-            "verdict": e.verdict}
+            "effect (nearest LR)": _pct(statistics.fmean(e.nearest)),
+            "Holm CI": (f"[{_pct(e.ci[0])}, {_pct(e.ci[1])}] at {1 - e.alpha:.1%}" if e.ci
+                        else "-"),
+            "equivalence": f"±{e.comparison.equivalence:.0%}", "verdict": e.verdict}
 
 
 def _pyplot():
@@ -230,7 +211,8 @@ def figure(result: ClaimResult, path: Path) -> None:
         ax.scatter([100 * x for x in e.per_seed], [y] * len(e.per_seed), color="0.5", s=14,
                    zorder=3)
         low, high = e.ci if e.ci else (e.mean, e.mean)
-        color = {SUPPORTS: "tab:green", CONTRADICTS: "tab:red"}.get(e.verdict, "tab:gray")
+        color = {verdicts.SUPPORTS: "tab:green", verdicts.CONTRADICTS: "tab:red",
+                 verdicts.EQUIVALENT: "tab:blue"}.get(e.verdict, "tab:gray")
         ax.errorbar(100 * e.mean, y, xerr=[[100 * (e.mean - low)], [100 * (high - e.mean)]],
                     fmt="o", color=color, capsize=4, zorder=4)
         if e.comparison.kind == "not_worse":
@@ -241,7 +223,7 @@ def figure(result: ClaimResult, path: Path) -> None:
                   [f"{e.comparison.describe()}\n{e.dataset}, {e.size}" for e in effects],
                   fontsize=7)
     ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better); "
-                  f"bars: {LEVEL:.0%} CI paired by seed")
+                  "bars: Holm-adjusted CI paired by seed")
     ax.set_title(f"({result.claim.key}) {result.claim.title}: {result.verdict}", fontsize=9)
     _save_png(plt, fig, path)
 
@@ -291,11 +273,14 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
         f"`{code_fingerprint()}`.",
         "",
         "Protocol: for every variant, size and seed the learning rate is chosen on validation "
-        "(Akima optimum over log2 LR) and the test metric is read there; each comparison pairs "
-        "its arms by seed; effect = treatment / control - 1 (or the difference of two relative "
-        f"gains); {LEVEL:.0%} Student-t interval over seeds. Verdict: supports / contradicts "
-        "when the interval clears the claim's threshold (0, or its margin), else inconclusive "
-        "at this scale.",
+        "(Akima optimum over log2 LR) and the test metric is read there (the trained LR nearest "
+        "the choice beside it); each comparison pairs its arms by seed; effect = treatment / "
+        "control - 1 (or the difference of two relative gains); a Student-t interval over "
+        f"seeds at the comparison's Holm level (family-wise {verdicts.ALPHA:.0%} over the "
+        "claim's comparisons). Verdicts: supports / contradicts when the interval clears the "
+        "claim's threshold (0, or its not-worse margin) on one side; equivalent when the TOST "
+        "interval lies inside the claim's equivalence margin; underpowered otherwise; a claim "
+        "whose comparisons disagree is mixed (the formulas: `docs/statistics.md`).",
         "",
         "| claim | verdict | paper |",
         "|---|---|---|",
@@ -310,7 +295,8 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
                   f"> {r.claim.quote} ({r.claim.source})", "",
                   f"Spec `{r.spec.name}`; verdict **{r.verdict}**.", "",
                   *[f"- Incomplete: {line}." for line in r.incomplete],
-                  *([""] if r.incomplete else [])]
+                  *[f"- At a grid edge: {line}." for line in r.at_edge],
+                  *([""] if r.incomplete or r.at_edge else [])]
         if not r.effects:
             lines += [f"No finished trials yet: `python -m orchestrator run "
                       f"{directory.rstrip('/')}/{r.spec.name}.yaml`.", ""]
@@ -346,7 +332,7 @@ def write_report(results: list[ClaimResult], out: Path, scale: str, directory: s
 def verdict_table(results: list[ClaimResult]) -> str:
     """The terminal summary: one row per comparison (or per claim without any)."""
     rows = [_effect_row(r, e) for r in results for e in r.effects]
-    rows += [{"claim": f"({r.claim.key})", "comparison": "-", "verdict": NOT_RUN}
+    rows += [{"claim": f"({r.claim.key})", "comparison": "-", "verdict": verdicts.NOT_RUN}
              for r in results if not r.effects]
     return format_table(rows)
 

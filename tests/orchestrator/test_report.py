@@ -12,20 +12,25 @@ from orchestrator.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
 from orchestrator.cli import main
 from orchestrator.ledger import Ledger, Status
 from orchestrator.report import (
-    CONTRADICTS,
-    INCONCLUSIVE,
-    NOT_RUN,
-    SUPPORTS,
     claim_spec_path,
-    combine,
-    confidence_interval,
     evaluate,
     ladder_figure,
     missing_trials,
-    verdict,
     write_report,
 )
 from orchestrator.spec import load_spec, parse_spec
+from orchestrator.verdicts import (
+    CONTRADICTS,
+    EQUIVALENT,
+    MIXED,
+    NOT_RUN,
+    SUPPORTS,
+    UNDERPOWERED,
+    Sample,
+    combine,
+    holm_levels,
+    verdict,
+)
 
 PAPER = Path(__file__).resolve().parents[2] / "experiments" / "paper"
 STUDIES = PAPER.parent / "studies"
@@ -56,29 +61,50 @@ def test_the_recursion_ladder_differs_only_in_training_tokens():
     assert [x / scales[0] for x in scales] == [1, 4, 16]
 
 
-def test_the_interval_is_the_student_t_interval_of_the_mean():
-    xs = [0.031, -0.004, 0.012, 0.020]
+def test_the_interval_and_p_value_are_student_t_of_the_mean():
+    xs = (0.031, -0.004, 0.012, 0.020)
     n, mean, sd = len(xs), statistics.fmean(xs), statistics.stdev(xs)
-    half = student_t.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    low, high = confidence_interval(xs)
-    assert low == pytest.approx(mean - half, rel=1e-9)
-    assert high == pytest.approx(mean + half, rel=1e-9)
-    assert confidence_interval([0.1]) is None
-    assert confidence_interval([0.1, 0.1]) == (0.1, 0.1)
+    se = sd / math.sqrt(n)
+    for alpha in (0.05, 0.0125):
+        half = student_t.ppf(1 - alpha / 2, n - 1) * se
+        low, high = Sample(xs, 0.0, 0.01).interval(alpha)
+        assert low == pytest.approx(mean - half, rel=1e-9)
+        assert high == pytest.approx(mean + half, rel=1e-9)
+    assert Sample(xs, 0.0, 0.01).p_value() == pytest.approx(
+        2 * student_t.sf(mean / se, n - 1), rel=1e-9)
+    assert Sample(xs, 0.05, 0.01).p_value() == pytest.approx(
+        2 * student_t.sf((0.05 - mean) / se, n - 1), rel=1e-9)
+    assert Sample((0.1,), 0.0, 0.01).interval(0.05) is None
+    assert Sample((0.1, 0.1), 0.0, 0.01).interval(0.05) == (0.1, 0.1)
 
 
-def test_verdicts_follow_the_interval_and_the_margin():
-    better, within = Comparison("a", "b"), Comparison("a", "b", "not_worse", 0.05)
-    assert verdict(better, (-0.03, -0.01)) == SUPPORTS
-    assert verdict(better, (0.01, 0.03)) == CONTRADICTS
-    assert verdict(better, (-0.01, 0.01)) == INCONCLUSIVE
-    assert verdict(better, None) == INCONCLUSIVE
-    assert verdict(within, (0.01, 0.04)) == SUPPORTS  # worse, but by less than 5 %
-    assert verdict(within, (0.06, 0.09)) == CONTRADICTS
-    assert verdict(within, (0.03, 0.07)) == INCONCLUSIVE
+def test_holm_steps_down_until_the_first_test_it_keeps():
+    # sorted: 0.001 <= 0.05/4, 0.011 <= 0.05/3, 0.03 > 0.05/2: stop; 0.04 keeps that level
+    assert holm_levels([0.03, 0.001, 0.04, 0.011]) == pytest.approx(
+        [0.025, 0.0125, 0.025, 0.05 / 3])
+    assert holm_levels([0.5]) == [0.05]
+    assert holm_levels([]) == []
+
+
+def test_the_five_verdicts_follow_the_intervals_the_margins_and_the_sizes():
+    def test(mean, spread, threshold=0.0, margin=0.01, n=5):
+        return Sample(tuple(mean + spread * d for d in (-2, -1, 0, 1, 2)[:n]), threshold, margin)
+
+    assert verdict(test(-0.05, 0.002), 0.05) == SUPPORTS
+    assert verdict(test(0.05, 0.002), 0.05) == CONTRADICTS
+    assert verdict(test(0.0002, 0.0005), 0.05) == EQUIVALENT  # straddles 0, inside ±1 %
+    assert verdict(test(0.001, 0.02), 0.05) == UNDERPOWERED  # straddles 0, wider than ±1 %
+    assert verdict(test(-0.05, 0.002, n=1), 0.05) == UNDERPOWERED  # one seed: no interval
+    assert verdict(test(0.03, 0.002, threshold=0.05), 0.05) == SUPPORTS  # worse, by < 5 %
+    assert verdict(test(0.07, 0.002, threshold=0.05), 0.05) == CONTRADICTS
+    # a stricter Holm level widens the interval: the same effects, no longer decided
+    assert verdict(test(-0.01, 0.004), 0.05) == SUPPORTS
+    assert verdict(test(-0.01, 0.004), 0.001) == UNDERPOWERED
     assert combine([SUPPORTS, SUPPORTS]) == SUPPORTS
-    assert combine([SUPPORTS, INCONCLUSIVE]) == INCONCLUSIVE
-    assert combine([SUPPORTS, CONTRADICTS]) == CONTRADICTS
+    assert combine([EQUIVALENT]) == EQUIVALENT
+    assert combine([SUPPORTS, CONTRADICTS]) == MIXED  # the sizes disagree
+    assert combine([SUPPORTS, EQUIVALENT, UNDERPOWERED]) == MIXED
+    assert combine([SUPPORTS, UNDERPOWERED]) == UNDERPOWERED
     assert combine([]) == NOT_RUN
 
 
@@ -113,11 +139,15 @@ def test_effects_are_paired_by_seed_at_the_lr_chosen_on_validation(tmp_path):
     expected = [1.03 / 1.0 - 1, 1.13 / 1.1 - 1, 0.98 / 0.95 - 1]
     assert within.seeds == (0, 1, 2)
     assert within.per_seed == pytest.approx(expected, rel=1e-6)
+    assert within.nearest == pytest.approx(expected, rel=1e-6)  # 0.002 was trained
     assert within.verdict == SUPPORTS  # about +2.8 % +- 0.4 %: below the 5 % margin
     assert better.verdict == CONTRADICTS  # and surely worse than Llama
-    assert result.verdict == CONTRADICTS
+    assert result.verdict == MIXED  # within 5 %, yet worse: the comparisons disagree
+    # Holm over the two: the smaller p (better's, far from 0) at 0.025, the other at 0.05
+    assert sorted([within.alpha, better.alpha]) == pytest.approx([0.025, 0.05])
     assert [a["variant"] for a in result.arms] == ["cem-attn", "llama"]
     assert result.arms[1]["LR (val)"].startswith("2.00e-03")
+    assert result.arms[1]["at grid edge"] == "0 of 3" and result.at_edge == ()
     # A seed one arm lacks is left out of the pairs.
     for row in ledger.trials(1)[:3]:  # llama, seed 0, every LR
         ledger.update_trial(row.id, status=Status.FAILED)
