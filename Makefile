@@ -12,8 +12,12 @@ BIN     := $(CURDIR)/$(VENV)/bin
 SERVICES := $(CEMLAB_HOME)/services.env
 DASHBOARD_PORT ?= 8501
 # Test processes (pytest-xdist): the end-to-end tests wait on servers and processes much of
-# their time, so two share two cores well; TEST_WORKERS=0 runs the tests in this process.
+# their time, so two share two cores well; the tests that start a Ray cluster run in one of them,
+# one at a time (tests/conftest.py). TEST_WORKERS=0 runs them all in this process.
+# Their OpenMP threads wait passively: spinning, each process's threads take the other's cores.
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
+TEST_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMP_WAIT_POLICY=PASSIVE)
 # pip warns once per package about this machine's empty local index mirrors: not our news.
 QUIET_PIP := { grep -v "^WARNING: Location '.*' is ignored" || true; }
 
@@ -23,7 +27,7 @@ help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
 	@echo "make demo       start local Ray + MLflow, submit experiments/demo.yaml with ray job submit"
 	@echo "make test       run the whole test suite (what CI runs)"
-	@echo "make test-fast  run the unit tests only (no end-to-end runs), about 3 minutes on 2 cores"
+	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes on 2 cores"
 	@echo "make cluster-test  rehearse a 2-host cluster on this machine (root: network namespaces)"
 	@echo "make reproduce-cpu  run the paper's claims at CPU scale, write docs/results/REPORT.md"
 	@echo "make recursion-cpu  the recursion study (T=2 vs T=1 per reading): docs/results/recursion*/"
@@ -60,10 +64,10 @@ demo: up
 	  "charts with 'make dashboard'; 'make down' stops the services."
 
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST)
 
 test-fast: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
+	$(TEST_ENV) $(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 # Part of `make test` too (where it runs as root); here it fails, rather than skips, without root.
 cluster-test: setup

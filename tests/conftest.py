@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist (make test) runs the tests that start a Ray cluster (the local stack, the two-host
+# rehearsal, Ray Data) in one process, one at a time: two at once on one host interfere (a job
+# of one stack failed to authenticate with its Ray head). The dashboard tests share one seeded
+# store, made once in the process that runs them.
+RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
+DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
+
 WORDS = ("the king queen crown sword night day love death honour speak hear thou thee my lord "
          "lady fair foul sweet bitter cold warm house field river stone ship sea").split()
 

@@ -16,8 +16,10 @@ from streamlit.testing.v1 import AppTest
 from dashboards import page_bench
 from dashboards.page_bench import CEM_SAVING, FAILED_ERROR, TRUE_ALPHA, TRUE_E
 from dashboards.page_timing import APP
+from tests.conftest import DASHBOARD_STORE
 
-pytestmark = pytest.mark.slow  # the session's seeded store takes about half a minute
+# the session's seeded store takes about half a minute
+pytestmark = [pytest.mark.slow, DASHBOARD_STORE]
 
 
 def page(monkeypatch, uri: str, script: str, **state) -> AppTest:

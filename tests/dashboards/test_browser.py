@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.app_pages import PAGES
-from tests.conftest import free_port
+from tests.conftest import DASHBOARD_STORE, free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")  # a dev dependency (pyproject.toml)
 from selenium.common.exceptions import TimeoutException  # noqa: E402
@@ -28,7 +28,7 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, DASHBOARD_STORE]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -25,10 +25,11 @@ from mlflow import MlflowClient
 from infra.rehearsal.two_hosts import B_HOME, TwoHosts, missing_requirement
 from orchestrator.ledger import Ledger, Status
 from orchestrator.tracking import ROLE_TAG
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import write_spec
 from workloads.core.storage import StorageRoot
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, RAY_CLUSTER,
               pytest.mark.skipif(missing_requirement() is not None,
                                  reason=missing_requirement() or "")]
 

@@ -26,13 +26,14 @@ from orchestrator.analysis import akima_optimum
 from orchestrator.ledger import Ledger, Status
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import CODE_TAG, COMMIT_TAG
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
 from workloads.core.architecture import CEM_BEST
 from workloads.core.provenance import code_fingerprint, git_commit
 from workloads.models import flops_per_token, parameter_counts
 from workloads.runtime.optim import lr_factor
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_CLUSTER]
 
 SPEC = {
     "name": "e2e",
@@ -593,8 +594,9 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
             statistics.fmean(rmses))
         assert parent.data.metrics[f"gp-rbf/{variant}/gp-small/opt_rmse_std"] == (
             pytest.approx(statistics.stdev(rmses)))
-    status = orchestrator(env, "status")
-    assert "gp-e2e" in status.stdout and "resume" in status.stdout
+    status = orchestrator(env, "status")  # every experiment of the ledger, this one's counts
+    (line,) = [x.split() for x in status.stdout.splitlines() if x.startswith("gp-e2e ")]
+    assert line[1:7] == ["gp_regression", "4", "0", "0", "4", "0"]
 
     # a second experiment sharing (t1, seed 1) copies it from the first and trains seed 2
     more = {**spec, "name": "gp-e2e-more", "variants": {"t1": {"mlp_steps": 1}},

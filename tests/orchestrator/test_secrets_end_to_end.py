@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import local_services, orchestrator, write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_CLUSTER]
 
 
 def test_a_database_password_never_reaches_mlflow_or_a_log(tmp_path, postgres_with_password):

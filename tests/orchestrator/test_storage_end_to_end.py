@@ -11,10 +11,11 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator.ledger import Ledger, Status
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
 from workloads.core.storage import StorageRoot
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_CLUSTER]
 
 
 def _keys(storage: StorageRoot) -> set[str]:
