@@ -87,12 +87,18 @@ CLAIMS: tuple[Claim, ...] = (  # the paper's, on experiments/paper/
           "parameters",
           "Replacing attention with the CEM variant has only a small effect on test perplexity "
           "despite halving the parameter count", "Sec. 4.1, Fig. 2a", "fig2a",
-          (Comparison("cem-attn", "llama", "not_worse", 0.05),)),
+          (Comparison("cem-attn", "llama", "not_worse", 0.05),
+           # the control: the same position encoding (ALiBi) on untied attention, so that the
+           # effect is the tying's, not ALiBi's
+           Comparison("cem-attn", "llama-alibi", "not_worse", 0.05))),
     Claim("b", "Within-layer recursion T=2 beats T=1",
           "Results in Figure 2 show consistent gains when increasing recursion from T=1 to T=2.",
           "Sec. 4.2, Fig. 2c", "fig2c",
           (Comparison("cem-attn-diag-t2", "cem-attn-diag-t1"),
-           Comparison("cem-attn-dlr-t2", "cem-attn-dlr-t1"))),
+           Comparison("cem-attn-dlr-t2", "cem-attn-dlr-t1"),
+           # the controls: T=2 against one step of 2 eta, the step size it takes in all
+           Comparison("cem-attn-diag-t2", "cem-attn-diag-t1-eta2"),
+           Comparison("cem-attn-dlr-t2", "cem-attn-dlr-t1-eta2"))),
     Claim("c", "A shared KQ diagonal is close to per-head diagonals, and both beat none",
           "Including a diagonal term proves essential for good performance, and our "
           "shared-diagonal strategy provides performance close to per-head diagonals",
@@ -105,16 +111,41 @@ CLAIMS: tuple[Claim, ...] = (  # the paper's, on experiments/paper/
           "in the case of MHA. In contrast, within-layer recursion in CEM attention yields clear "
           "and consistent perplexity improvements.", "App., Fig. 4", "fig4",
           (Comparison("cem-attn-t2", "llama-reuse-t2", treatment_base="cem-attn-t1",
-                      control_base="llama-t1"),)),
+                      control_base="llama-t1"),
+           Comparison("cem-attn-t2", "cem-attn-t1-eta2"))),  # the control: one step of 2 eta
     Claim("e", "Full CEM at its optimal learning rate matches or beats Llama with fewer "
           "parameters",
           "Overall, full CEM Transformers achieve slightly better performance at their optimal "
           "learning rate while using considerably fewer parameters.", "Sec. 4.3, Fig. 3a",
-          "fig3a", (Comparison("cem", "llama", "not_worse", 0.01),)),
+          "fig3a", (Comparison("cem", "llama", "not_worse", 0.01),
+                    Comparison("cem", "llama-alibi", "not_worse", 0.01))),  # control: ALiBi
     Claim("f", "GP regression: RMSE falls from T=1 to T=2",
           "moving from T=1 to T=2 often improves RMSE (Table 3, as summarised in "
           "shared/papers/cem-explainer.md)", "App. D, Table 3", "gp-table",
-          (Comparison("t2", "t1"),)),
+          (Comparison("t2", "t1"), Comparison("t2", "t1-eta2"))),  # control: one step of 2 eta
+    Claim("g", "A CEM MLP (T=1) trails Llama's gated MLP, and the parameter-matched one closes "
+          "part of the gap",
+          "For CEM-MLPs, perplexity is higher due to parameter sharing, but increasing the "
+          "hidden dimension to match parameter count yields consistent, albeit modest, "
+          "improvements in perplexity", "Sec. 4.1, Fig. 2b", "fig2b",
+          (Comparison("llama", "cem-mlp"), Comparison("cem-mlp-pm", "cem-mlp"))),
+    Claim("h", "Within-layer recursion T=2 beats T=1 in CEM MLPs",
+          "Results in Figure 2 show consistent gains when increasing recursion from T=1 to T=2. "
+          "[...] For MLPs, CEM variants still underperform the baseline, but the gap narrows "
+          "considerably with T=2 and a diagonal-plus-low-rank preconditioner.",
+          "Sec. 4.2, Fig. 2d", "fig2d",
+          (Comparison("cem-mlp-diag-t2", "cem-mlp-diag-t1"),
+           Comparison("cem-mlp-dlr-t2", "cem-mlp-dlr-t1"),
+           Comparison("cem-mlp-diag-t2", "cem-mlp-diag-t1-eta2"),  # the controls: 2 eta
+           Comparison("cem-mlp-dlr-t2", "cem-mlp-dlr-t1-eta2"))),
+    Claim("i", "Within-layer recursion beats plain layer reuse in MLPs",
+          "Simply reapplying the same residual block yields little or no perplexity gain. [...] "
+          "In contrast, CEM-based within-layer recursion produces consistent improvements in "
+          "both dimension- and parameter-matched settings.", "Sec. 4.4, Fig. 3c", "fig3c",
+          (Comparison("cem-mlp-t2", "llama-reuse-t2", treatment_base="cem-mlp-t1",
+                      control_base="llama-t1"),
+           Comparison("cem-mlp-t2", "cem-mlp-t1"), Comparison("cem-mlp-pm-t2", "cem-mlp-pm-t1"),
+           Comparison("cem-mlp-t2", "cem-mlp-t1-eta2"))),  # the control: one step of 2 eta
 )
 
 # The recursion study (docs/recursion.md): each question is claim (b), T=2 beats T=1, under one

@@ -192,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finished_in_ledger(trial_ids: set[str]) -> set[str] | None:
     """Those of ``trial_ids`` that the ledger has FINISHED in any experiment, read without
-    creating or migrating it; None, said in one line, when it does not answer within 5 s."""
+    creating or migrating it (none without a ledger); None, said in one line, when it does not
+    answer within 5 s."""
     from orchestrator.ledger import Ledger
     from orchestrator.settings import Settings
 
+    url = Settings().existing_ledger_url()
+    if url is None:
+        return set()
     try:
-        return Ledger(Settings().ledger_url, migrate=False,
-                      retry_deadline_s=5).finished_hashes(trial_ids)
+        return Ledger(url, migrate=False, retry_deadline_s=5).finished_hashes(trial_ids)
     except Exception as e:  # planning needs no ledger
         print(f"cached: unknown, the ledger did not answer ({str(e).splitlines()[0]})",
               file=sys.stderr)

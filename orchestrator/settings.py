@@ -66,3 +66,12 @@ class Settings(Paths):
             return self.mlflow_tracking_uri
         return self._embedded_store()
 
+    def existing_ledger_url(self) -> str | None:
+        """``ledger_url``, or None when that is the embedded store and it does not exist yet;
+        creates nothing (for readers such as ``plan``)."""
+        if self.ledger_url_env or (self.mlflow_tracking_uri
+                                   and self.mlflow_tracking_uri.startswith(_DATABASES)):
+            return self.ledger_url
+        path = self.cemlab_home / "mlflow.db"
+        return f"sqlite:///{path}" if path.exists() else None
+

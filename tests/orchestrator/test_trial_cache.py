@@ -7,7 +7,7 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator import tracking
-from orchestrator.ledger import Status
+from orchestrator.ledger import Ledger, Status
 from orchestrator.plan import format_plan, plan
 from orchestrator.run import claim, model_runs, open_books
 from orchestrator.settings import Settings
@@ -111,3 +111,14 @@ def test_no_cache_trains_it_again_and_a_live_lease_elsewhere_holds_it(toy, setti
     assert [t.job.trial.trial_id for t in tasks_c] == [trials_a[1].trial_id]
     assert all(r.source_trial_id is None
                for r in books_c.ledger.trials(books_c.experiment_row_id))
+
+
+def test_plan_reads_the_embedded_ledger_only_where_it_exists(tmp_path, monkeypatch):
+    for name in ("MLFLOW_TRACKING_URI", "CEMLAB_LEDGER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CEMLAB_HOME", str(tmp_path / "home"))
+    assert Settings().existing_ledger_url() is None and not (tmp_path / "home").exists()
+    url = Settings().ledger_url
+    assert Settings().existing_ledger_url() is None  # its directory is not the store
+    Ledger(url)  # a run creates the embedded store
+    assert Settings().existing_ledger_url() == url == f"sqlite:///{tmp_path}/home/mlflow.db"
