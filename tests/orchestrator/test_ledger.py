@@ -263,7 +263,7 @@ def test_a_parent_run_is_set_once(url):
     assert ledger.experiment("parent").parent_run_id == "run-a"
 
 
-def _race_for_a_trial(url: str, barrier, owner: str, results, experiment: str = "race") -> None:
+def _race_for_a_trial(url: str, barrier, owner: str, results, experiment: str) -> None:
     ledger = Ledger(url)
     exp = ledger.ensure_experiment(experiment, "language_model", "")
     barrier.wait()
@@ -271,18 +271,24 @@ def _race_for_a_trial(url: str, barrier, owner: str, results, experiment: str = 
     results.put((owner, row.id, ledger.acquire(row.id, owner, lease_s=60).acquired))
 
 
-def test_of_processes_claiming_one_trial_at_once_exactly_one_gets_it(url):
-    Ledger(url).ensure_experiment("race", "language_model", "")
+def _race(url: str, experiments: list[str]) -> list[tuple[str, int, bool]]:
+    """One process per experiment of ``experiments`` claims trial abc123 of it, all at once:
+    ``(owner, row id, acquired)`` of each."""
     ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_race_for_a_trial, args=(url, barrier, f"p{i}", results))
-             for i in range(6)]
+    barrier, results = ctx.Barrier(len(experiments)), ctx.Queue()
+    procs = [ctx.Process(target=_race_for_a_trial, args=(url, barrier, f"p{i}", results, name))
+             for i, name in enumerate(experiments)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 6
-    outcomes = [results.get(timeout=5) for _ in procs]
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    return [results.get(timeout=5) for _ in procs]
+
+
+def test_of_processes_claiming_one_trial_at_once_exactly_one_gets_it(url):
+    Ledger(url).ensure_experiment("race", "language_model", "")
+    outcomes = _race(url, ["race"] * 6)
     assert len({row_id for _, row_id, _ in outcomes}) == 1  # one row for the trial
     winners = [owner for owner, _, acquired in outcomes if acquired]
     assert len(winners) == 1
@@ -293,17 +299,7 @@ def test_of_processes_claiming_one_trial_at_once_exactly_one_gets_it(url):
 def test_of_experiments_claiming_one_trial_id_at_once_exactly_one_gets_it(url):
     """The trial cache's lease: one trial id in six experiments, claimed at once by six
     processes, each for its own experiment's row."""
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(6), ctx.Queue()
-    procs = [ctx.Process(target=_race_for_a_trial,
-                         args=(url, barrier, f"p{i}", results, f"experiment-{i}"))
-             for i in range(6)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 6
-    outcomes = [results.get(timeout=5) for _ in procs]
+    outcomes = _race(url, [f"experiment-{i}" for i in range(6)])
     assert len({row_id for _, row_id, _ in outcomes}) == 6  # a row per experiment
     assert len([owner for owner, _, acquired in outcomes if acquired]) == 1
 
