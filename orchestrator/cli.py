@@ -76,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("ref", help=ref)
     m.add_argument("--split", choices=["test", "validation"], default="test",
                    help="the split to recompute perplexity on (default: test)")
+    m.add_argument("--attn-steps", type=_positive_int, help="test-time recursion: run the CEM "
+                   "attention for T steps (default: as trained)")
+    m.add_argument("--mlp-steps", type=_positive_int, help="... the CEM MLP for T steps")
+    m.add_argument("--step-size-scale", type=float, default=1.0, help="multiply every CEM "
+                   "step size (T_train / T_eval keeps the total step; default 1)")
     m = models.add_parser("probe", help="how much of each attention layer reads content, "
                           "not position: KL from its position prior")
     m.add_argument("ref", help=ref)
@@ -331,11 +336,21 @@ def _models(args: argparse.Namespace) -> int:
             out = registry.export_version(version, settings.tracking_uri, args.directory)
             print(f"wrote {out}: transformers.LlamaForCausalLM.from_pretrained({str(out)!r})")
             return 0
+        recursion = {k: v for k, v in (("attn_steps", args.attn_steps),
+                                         ("mlp_steps", args.mlp_steps),
+                                         ("step_size_scale", args.step_size_scale))
+                     if v is not None and (k != "step_size_scale" or v != 1.0)}
         recomputed, registered = registry.evaluate_version(
-            client, version, settings.tracking_uri, settings.data_dir, args.split)
+            client, version, settings.tracking_uri, settings.data_dir, args.split,
+            recursion=recursion)
     except (LookupError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if recursion:
+        print(f"{version.name} version {version.version}: {args.split} perplexity "
+              f"{recomputed:.4f} at test-time recursion {registry.recursion_tag(recursion)} "
+              "(stored on the version)")
+        return 0
     line = (f"{version.name} version {version.version}: {args.split} perplexity "
             f"{recomputed:.4f} recomputed")
     if registered is None:

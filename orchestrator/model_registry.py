@@ -234,22 +234,35 @@ def probe_version(version, tracking_uri: str, data_dir, split: str = "validation
 
 
 def evaluate_version(client: MlflowClient, version, tracking_uri: str, data_dir,
-                     split: str = "test", batch_size: int = 8) -> tuple[float, float | None]:
+                     split: str = "test", batch_size: int = 8,
+                     recursion: dict[str, float] | None = None) -> tuple[float, float | None]:
     """Recompute the test metric of ``version`` on ``split`` of the data its tags name
     (``Workload.evaluate_model``), and store it on the version (tag
-    ``<split>_perplexity_recomputed``).
+    ``<split>_perplexity_recomputed``). With ``recursion`` (``attn_steps``, ``mlp_steps``,
+    ``step_size_scale``: test-time recursion), evaluate it at those steps instead, stored under
+    ``<split>_perplexity_<recursion_tag>``.
 
     Returns ``(recomputed, registered)``; registered is None where the version records none
-    for ``split``.
+    for ``split``, and with ``recursion``.
     """
     with tempfile.TemporaryDirectory() as tmp:
         recomputed = workload_of(version).evaluate_model(
             download_model(version, tracking_uri, tmp), version.tags, Path(data_dir), split,
-            batch_size)
+            batch_size, recursion)
+    suffix = recursion_tag(recursion) if recursion else "recomputed"
     client.set_model_version_tag(version.name, version.version,
-                                 f"{split}_perplexity_recomputed", repr(recomputed))
+                                 f"{split}_perplexity_{suffix}", repr(recomputed))
     key = {"test": "test_perplexity", "validation": "val_perplexity"}.get(split)
-    return recomputed, float(version.tags[key]) if key in version.tags else None
+    if recursion or key not in version.tags:
+        return recomputed, None
+    return recomputed, float(version.tags[key])
+
+
+def recursion_tag(recursion: dict[str, float]) -> str:
+    """``attn4_mlp4_eta0.5`` for ``{"attn_steps": 4, "mlp_steps": 4, "step_size_scale": 0.5}``
+    (``-`` where a count is as trained)."""
+    return (f"attn{recursion.get('attn_steps') or '-'}_mlp{recursion.get('mlp_steps') or '-'}"
+            f"_eta{recursion.get('step_size_scale', 1.0):g}")
 
 
 def export_version(version, tracking_uri: str, directory: str | Path) -> Path:

@@ -218,6 +218,14 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
     recomputed = float(version.tags["test_perplexity_recomputed"])  # stored on the version
     assert recomputed == pytest.approx(float(version.tags["test_perplexity"]), rel=1e-3)
+    # test-time recursion: the T=2 model at T=4 with eta halved, stored beside
+    deeper = orchestrator(env, "models", "eval", "cemlab-cem-nano@best", "--attn-steps", "4",
+                          "--mlp-steps", "4", "--step-size-scale", "0.5")
+    assert deeper.returncode == 0, deeper.stdout + deeper.stderr[-2000:]
+    assert "at test-time recursion attn4_mlp4_eta0.5" in deeper.stdout
+    version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
+    at_four = float(version.tags["test_perplexity_attn4_mlp4_eta0.5"])
+    assert math.isfinite(at_four) and at_four != recomputed
     probed = orchestrator(env, "models", "probe", "cemlab-cem-nano@best", "--sequences", "4")
     assert probed.returncode == 0, probed.stdout + probed.stderr[-2000:]
     table = probed.stdout.split("kl_to_prior", 1)[1].splitlines()[2:]  # nano: 2 layers x T=2

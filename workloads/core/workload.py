@@ -119,9 +119,11 @@ class Workload(ABC, Generic[C, D]):
         raise NotImplementedError(f"workload {self.name} registers no models")
 
     def evaluate_model(self, model_dir: Path, tags: dict[str, str], data_dir: Path,
-                       split: str, batch_size: int = 8) -> float:
+                       split: str, batch_size: int = 8,
+                       recursion: dict[str, float] | None = None) -> float:
         """The test metric of the model in ``model_dir`` recomputed on ``split`` of the data its
-        registration ``tags`` name."""
+        registration ``tags`` name; with ``recursion`` (``attn_steps``, ``mlp_steps``,
+        ``step_size_scale``), run at those recursion steps instead of its own."""
         raise NotImplementedError(f"workload {self.name} registers no models")
 
     def probe_model(self, model_dir: Path, tags: dict[str, str], data_dir: Path, split: str,

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 from workloads.lm.package import EOT, PACKAGE, TOKENIZER, load_decoder, save_package
 from workloads.models import DecoderLM
 from workloads.models.inference import generate, token_nll
+from workloads.models.test_time import Steps, at_steps
 
 # What a pyfunc model carries of CEM Lab (paths under the workloads package): the models, the
 # ModelConfig they are built from, and this module with the packages around it.
@@ -42,7 +43,10 @@ SIGNATURE = ModelSignature(
                         ParamSpec("max_new_tokens", "long", 64),
                         ParamSpec("temperature", "double", 1.0),
                         ParamSpec("top_k", "long", 0),
-                        ParamSpec("seed", "long", 0)]))
+                        ParamSpec("seed", "long", 0),
+                        ParamSpec("attn_steps", "long", 0),  # 0: as trained
+                        ParamSpec("mlp_steps", "long", 0),
+                        ParamSpec("step_size_scale", "double", 1.0)]))
 
 
 class CEMLabLM(mlflow.pyfunc.PythonModel):
@@ -52,7 +56,9 @@ class CEMLabLM(mlflow.pyfunc.PythonModel):
     (tokens predicted), ``nll`` (their summed negative log-likelihood, nats) and ``perplexity``
     (``exp(nll / token_count)``), each text scored from a document start as in training.
     With ``params={"task": "generate", "max_new_tokens", "temperature", "top_k", "seed"}``:
-    per text its ``continuation`` (sampled; temperature 0 is greedy).
+    per text its ``continuation`` (sampled; temperature 0 is greedy). Either task runs the model
+    at other recursion steps with ``params`` ``attn_steps`` and ``mlp_steps`` (0: as trained)
+    and ``step_size_scale`` (on every CEM step size; ``workloads.models.test_time``).
 
     Raises:
         ValueError: an unknown task, a missing ``text`` column, an empty text to score.
@@ -64,6 +70,15 @@ class CEMLabLM(mlflow.pyfunc.PythonModel):
         self.tokenizer = Tokenizer.from_file(str(Path(directory) / TOKENIZER))
         self.eot = self.tokenizer.token_to_id(EOT)
 
+    def _at(self, steps: Steps) -> DecoderLM:
+        """The model at ``steps`` (itself when they are its own), built once per setting."""
+        if steps == Steps():
+            return self.model
+        cache = self.__dict__.setdefault("_recursions", {})
+        if steps not in cache:
+            cache[steps] = at_steps(self.model, steps)
+        return cache[steps]
+
     def _ids(self, text: str) -> list[int]:
         return [self.eot, *self.tokenizer.encode(text).ids]
 
@@ -73,9 +88,11 @@ class CEMLabLM(mlflow.pyfunc.PythonModel):
         if "text" not in model_input:
             raise ValueError(f"the input needs a 'text' column, got {list(model_input.columns)}")
         texts = [str(t) for t in model_input["text"]]
+        model = self._at(Steps(int(p["attn_steps"]) or None, int(p["mlp_steps"]) or None,
+                               float(p["step_size_scale"])))
         if p["task"] == "generate":
             return pd.DataFrame({"continuation": [self.tokenizer.decode(generate(
-                self.model, self._ids(t), int(p["max_new_tokens"]), float(p["temperature"]),
+                model, self._ids(t), int(p["max_new_tokens"]), float(p["temperature"]),
                 int(p["top_k"]), int(p["seed"]), stop_id=self.eot)) for t in texts]})
         if p["task"] != "score":
             raise ValueError(f"params task must be 'score' or 'generate', got {p['task']!r}")
@@ -84,7 +101,7 @@ class CEMLabLM(mlflow.pyfunc.PythonModel):
             ids = self._ids(text)
             if len(ids) < 2:
                 raise ValueError("cannot score an empty text")
-            n, nll = token_nll(self.model, ids)
+            n, nll = token_nll(model, ids)
             rows.append({"token_count": n, "nll": nll, "perplexity": math.exp(nll / n)})
         return pd.DataFrame(rows, columns=["token_count", "nll", "perplexity"])
 

@@ -33,6 +33,7 @@ from workloads.lm.package import CONFIG, PACKAGE, TOKENIZER, WEIGHTS, load_decod
 from workloads.models import build_model, flops_per_token, next_token_loss, parameter_counts
 from workloads.models.decoder import DecoderLM
 from workloads.models.diagnostics import energy_diagnostics
+from workloads.models.test_time import Steps, at_steps
 from workloads.runtime.engine import Engine
 from workloads.runtime.session import Session
 from workloads.runtime.trainer import Task
@@ -186,9 +187,13 @@ class LanguageModel(TrainedWorkload):
         return model_card(name, experiment, trial, val, test, commit, code)
 
     def evaluate_model(self, model_dir: Path, tags: dict[str, str], data_dir: Path,
-                       split: str, batch_size: int = 8) -> float:
-        """Perplexity on ``split`` of the corpus the tags name, in the dtype it trained in."""
+                       split: str, batch_size: int = 8,
+                       recursion: dict[str, float] | None = None) -> float:
+        """Perplexity on ``split`` of the corpus the tags name, in the dtype it trained in; with
+        ``recursion``, at those recursion steps (``workloads.models.test_time.Steps``)."""
         model, dataset = _model_and_split(model_dir, tags, data_dir, split)
+        if recursion:
+            model = at_steps(model, Steps(**recursion))
         nll, n = sequence_nll(model, dataset, range(len(dataset)), batch_size,
                               torch.device("cpu"))
         return math.exp(nll / n)

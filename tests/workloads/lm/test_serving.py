@@ -22,6 +22,7 @@ from workloads.lm.package import load_decoder, save_package
 from workloads.lm.serving import save_pyfunc
 from workloads.models import ModelConfig, build_model
 from workloads.models.inference import generate, token_nll
+from workloads.models.test_time import Steps, at_steps
 from workloads.runtime.engine import load_weights_only
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -125,6 +126,13 @@ def test_the_pyfunc_scores_and_generates_and_holds_no_pickle(tmp_path, tokenizer
     assert gen["continuation"][0] == tok.decode(expected)
     with pytest.raises(Exception, match="task must be"):
         pyfunc.predict(pd.DataFrame({"text": ["x"]}), params={"task": "translate"})
+    # test-time recursion: the scores of the model at 2 steps, its own with params at 1
+    deeper = pyfunc.predict(pd.DataFrame({"text": [TEXT]}),
+                            params={"attn_steps": 2, "mlp_steps": 2, "step_size_scale": 0.5})
+    _, nll_t2 = token_nll(at_steps(model, Steps(2, 2, 0.5)), ids)
+    assert deeper["nll"][0] == pytest.approx(nll_t2) and nll_t2 != pytest.approx(nll)
+    same = pyfunc.predict(pd.DataFrame({"text": [TEXT]}), params={"attn_steps": 1})
+    assert same["nll"][0] == out["nll"][0]
 
 
 class _Payload:
