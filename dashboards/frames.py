@@ -18,11 +18,14 @@ GROUP = ["experiment", "dataset", "variant", "size"]
 STATUSES = ("PENDING", "RUNNING", "FINISHED", "FAILED")
 
 
-def family(attention: str | None, mlp: str | None) -> str:
-    """``Llama``, ``CEM attention``, ``CEM MLP`` or ``CEM (both)`` from the sublayer kinds."""
+def family(attention: str | None, mlp: str | None, position: str | None = None) -> str:
+    """``Llama``, ``CEM attention``, ``CEM MLP`` or ``CEM (both)`` from the sublayer kinds,
+    `` (ALiBi)`` appended where Llama attention takes ALiBi (a control arm, never fitted with
+    RoPE's points; CEM attention is ALiBi by construction)."""
     kinds = (attention == "cem", mlp == "cem")
-    return {(False, False): "Llama", (True, False): "CEM attention",
+    name = {(False, False): "Llama", (True, False): "CEM attention",
             (False, True): "CEM MLP", (True, True): "CEM (both)"}[kinds]
+    return f"{name} (ALiBi)" if attention != "cem" and position == "alibi" else name
 
 
 def metric_of(runs: pd.DataFrame) -> str:
@@ -58,7 +61,7 @@ def chosen(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
                     "experiment": exp, "dataset": dataset, "variant": variant, "size": size,
                     "seed": seed, "lr": c.lr, "val": c.val, "test": c.test,
                     "nearest": c.nearest, "at_edge": c.at_edge, "lrs": c.n_points,
-                    "family": family(info["attention"], info["mlp"]),
+                    "family": family(info["attention"], info["mlp"], info["position"]),
                     **{k: info[k] for k in ("attention", "mlp", "params_total",
                                             "params_non_embedding", "params_attention",
                                             "params_mlp", "tokens", "train_flops")}})

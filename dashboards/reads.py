@@ -27,7 +27,7 @@ _SHARED = ["attention", "mlp", "exact_gradient", "params_total", "params_non_emb
            "steps"]
 RUN_COLUMNS = ["experiment", "run_id", "run_name", "status", "dataset", "variant", "size", "lr",
                "seed", "trial", "test_perplexity", "val_perplexity", "test_rmse", "val_rmse",
-               *_SHARED, "train_flops"]
+               *_SHARED, "position", "train_flops"]
 
 
 class Unreachable(RuntimeError):
@@ -91,6 +91,7 @@ def _shared(run) -> dict:
     """What a trial run shares with every trial of its (dataset, variant, size)."""
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
     return {"attention": tags.get("attention"), "mlp": tags.get("mlp"),
+            "position": params.get("model.position"),
             "exact_gradient": tags.get("cemlab.exact_gradient"),
             **{k: metrics.get(k) for k in _SHARED[3:-2]},
             **{k: float(params[p]) if p in params else None

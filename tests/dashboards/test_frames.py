@@ -127,3 +127,11 @@ def test_the_time_split_sums_phases_of_trials_trained_here_and_takes_the_first_s
         100.0, 40.0, 9.0)
     assert math.isnan(frames.time_split({"d": [{"time/total_s": 10.0}]})
                       .loc[0, "first step after submit s"])
+
+
+def test_a_family_is_the_sublayer_kinds_and_alibi_on_llama_attention():
+    assert frames.family("llama", "llama") == frames.family("llama", "llama", "rope") == "Llama"
+    assert frames.family("llama", "llama", "alibi") == "Llama (ALiBi)"
+    assert frames.family("llama", "cem", "alibi") == "CEM MLP (ALiBi)"
+    assert frames.family("cem", "llama", "alibi") == "CEM attention"  # ALiBi by construction
+    assert frames.family("cem", "cem") == "CEM (both)"
