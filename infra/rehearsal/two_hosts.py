@@ -267,11 +267,13 @@ class TwoHosts:
         return json.loads(probe.stdout.strip().splitlines()[-1])
 
     def submit(self, spec: Path, **env_vars: str) -> subprocess.Popen:
-        """``ray job submit`` of ``orchestrator run spec`` from host A, with ``env_vars`` over
-        the head's environment for the job (returns at once)."""
+        """``ray job submit`` of ``orchestrator run --no-cache spec`` from host A (the rehearsal
+        trains one trial under several placements, each in an experiment of its own: none may
+        be copied from another), with ``env_vars`` over the head's environment for the job
+        (returns at once)."""
         runtime_env = ["--runtime-env-json", json.dumps({"env_vars": env_vars})] if env_vars else []
         return subprocess.Popen(
             ["ray", "job", "submit", "--working-dir", ".", *runtime_env, "--", "python", "-m",
-             "orchestrator", "run", str(spec)], cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
+             "orchestrator", "run", "--no-cache", str(spec)], cwd=ROOT, env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -394,7 +394,9 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
     spec_path = write_spec(tmp_path, {**spec, "name": "bf16-killed"})
-    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
+    # the same trial again, in an experiment of its own: trained, not copied from the reference
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
+                            str(spec_path)],
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
