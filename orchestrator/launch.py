@@ -1,22 +1,32 @@
-"""Ray Tune over a grid of trials, each trial one Ray Train run (``TorchTrainer``).
+"""Ray Tune over a grid of trials, trained in packs: each pack one Ray Train run
+(``TorchTrainer``) whose worker group trains the pack's same-shaped trials in turn.
 
-Tune runs ``trial_driver`` once per trial; the driver starts the trial's ``TorchTrainer`` with
-its workload's ``train_loop_per_worker`` bound to the job (the typed ``Job`` and the workload are
-all that cross to the workers) and
-records the outcome in the ledger, which MLflow then follows (``record``); a failure is recorded by
-the submission itself (``SettleFailures``), and every record only under the trial's lease. The
-Train run is named after the trial hash under ``ray_results/trials/<experiment>`` of the storage
-root (a local path, or ``s3://...`` that every node reaches): launching the same trial of the same
-experiment again makes Ray Train restore its checkpoint manager, so the workers resume from the
-last checkpoint, as they do within a submission when a worker or its node dies
-(``resources.max_failures``). Ray Train keeps a trial's last two checkpoints: the previous one is
-the fallback when the latest does not verify (``workloads.runtime.checkpoints``).
+``packs`` groups the trials by shape (resources; on GPUs also the model, whose compile cache
+then stays warm) and splits each group into as many packs as run at once, balanced by FLOPs
+(``resources.reuse_workers: false``: a pack per trial). Tune runs ``pack_driver`` once per pack;
+the driver starts the pack's ``TorchTrainer`` with its workload's ``train_loop_per_worker``
+bound to the jobs (the typed ``Job`` s and the workload are all that cross to the workers).
+Its Train controller, on the driver's node, settles each trial as the workers report it
+(``SettleTrials``): RUNNING when it starts, FINISHED with its metrics, checkpoint and time
+split when its final checkpoint is in; the ledger decides, MLflow follows (``record``), only
+under the trial's lease. A trial whose Train run fails is recorded FAILED by the driver, which
+starts the trials after it in a new run; a driver that dies is settled by its submission
+(``SettleFailures``).
+
+The Train run is named after its trials under ``ray_results/trials/<experiment>`` of the storage
+root (a local path, or ``s3://...`` that every node reaches). A worker group that restarts
+(``resources.max_failures``, a worker or its node died) resumes each trial from its own newest
+checkpoint that verifies; a trial resubmitted later also looks in the run that trained it
+before (the ledger's ``checkpoint_path``). Ray Train keeps each trial's final checkpoint and the
+two newest others (``workloads.core.pack``): the previous one is the fallback when the latest
+does not verify (``workloads.runtime.checkpoints``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -25,15 +35,24 @@ from pathlib import Path
 import ray
 import ray.tune
 from mlflow import MlflowClient
-from ray.train import CheckpointConfig, ControllerError, FailureConfig, RunConfig, ScalingConfig
+from ray.train import (
+    CheckpointConfig,
+    ControllerError,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+    UserCallback,
+)
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from orchestrator import tracking
 from orchestrator.ledger import Ledger, Status
+from workloads.core import pack as pack_protocol
 from workloads.core.config import TRIAL_ACTORS_GB
 from workloads.core.storage import StorageRoot
-from workloads.core.trial import Job
+from workloads.core.trial import Job, Trial
 from workloads.core.workload import Workload
 
 _TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
@@ -59,12 +78,11 @@ def driver_resources() -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Task:
-    """One pending trial of experiment ``experiment`` for ``trial_driver``: its ``Job``, the
-    ``Workload`` that trains it, its ledger row, where the ledger is, the storage root its
-    checkpoints go to (the same trial in two experiments keeps two runs: each resumes only its own),
-    and the lease it is trained under (``owner``, renewed for ``lease_s`` seconds); when its
-    submission started (``submitted_at``) and handed it to Ray Tune (``queued_at``), UNIX
-    seconds."""
+    """One pending trial of experiment ``experiment``: its ``Job``, the ``Workload`` that
+    trains it, its ledger row, where the ledger is, the storage root its checkpoints go to (the
+    same trial in two experiments keeps two runs: each resumes only its own), and the lease it
+    is trained under (``owner``, renewed for ``lease_s`` seconds); when its submission started
+    (``submitted_at``) and handed it to Ray Tune (``queued_at``), UNIX seconds."""
 
     job: Job
     workload: Workload
@@ -78,12 +96,71 @@ class Task:
     queued_at: float | None = None
 
     @property
+    def trial_id(self) -> str:
+        return self.job.trial.trial_id
+
+    @property
+    def label(self) -> str:
+        return self.job.trial.label
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Same-shaped trials that one Ray Train run trains in turn, in this order."""
+
+    tasks: tuple[Task, ...]
+
+    @property
     def name(self) -> str:
-        return f"trial-{self.job.trial.trial_id}"
+        """``trial-<id>`` for one trial, else ``pack-<hash of the trial ids>``."""
+        if len(self.tasks) == 1:
+            return f"trial-{self.tasks[0].trial_id}"
+        ids = ",".join(t.trial_id for t in self.tasks)
+        return f"pack-{hashlib.sha256(ids.encode()).hexdigest()[:12]}"
+
+    @property
+    def label(self) -> str:
+        first = self.tasks[0].label
+        return first if len(self.tasks) == 1 else f"{first} +{len(self.tasks) - 1}"
 
     def uri(self, *parts: str) -> str:
-        """URI of ``parts`` under this trial's Ray Train run directory."""
-        return self.storage.uri_of(*_TRIALS, self.experiment, self.name, *parts)
+        """URI of ``parts`` under this pack's Ray Train run directory."""
+        head = self.tasks[0]
+        return head.storage.uri_of(*_TRIALS, head.experiment, self.name, *parts)
+
+    def after(self, task: Task) -> Pack:
+        """The pack of the trials after ``task``."""
+        return Pack(self.tasks[self.tasks.index(task) + 1:])
+
+
+def shape(trial: Trial) -> tuple:
+    """What a worker group is kept for: the trial's workers and their resources, and on GPUs
+    its model too (the compiled model's cache stays warm for the next trial)."""
+    r = trial.resources
+    return (r.model_dump_json(), trial.model if r.use_gpu else None)
+
+
+def packs(tasks: list[Task], concurrency: int) -> list[Pack]:
+    """``tasks`` in packs: by ``shape``, each shape in as many packs as run at once
+    (``concurrency``), the trials dealt longest first (budget FLOPs) to the pack with the
+    fewest FLOPs so far, then each pack in the grid's order; a pack per trial where the
+    trial's ``resources.reuse_workers`` is off."""
+    order = {t.trial_id: i for i, t in enumerate(tasks)}
+    groups: dict[tuple, list[Task]] = {}
+    for t in tasks:
+        groups.setdefault(shape(t.job.trial), []).append(t)
+    out = []
+    for group in groups.values():
+        if not group[0].job.trial.resources.reuse_workers:
+            out += [Pack((t,)) for t in group]
+            continue
+        bins: list[tuple[float, list[Task]]] = [(0.0, []) for _ in range(min(concurrency,
+                                                                             len(group)))]
+        for t in sorted(group, key=lambda t: -t.job.trial.budget.flops):
+            i = min(range(len(bins)), key=lambda i: bins[i][0])
+            bins[i] = (bins[i][0] + t.job.trial.budget.flops, bins[i][1] + [t])
+        out += [Pack(tuple(sorted(b, key=lambda t: order[t.trial_id]))) for _, b in bins]
+    return sorted(out, key=lambda p: order[p.tasks[0].trial_id])
 
 
 def ray_storage(storage: StorageRoot, *parts: str) -> dict:
@@ -105,87 +182,154 @@ def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, statu
 
 @functools.cache
 def _ledger(url: str) -> Ledger:
-    """One ``Ledger`` (one connection pool) per URL in a trial driver's process: Tune reuses the
-    process for the next trial (``reuse_actors``)."""
+    """One ``Ledger`` (one connection pool) per URL in a driver's or controller's process:
+    Tune reuses a driver's process for the next pack (``reuse_actors``)."""
     return Ledger(url)
 
 
-def _trainer(task: Task, job: Job) -> TorchTrainer:
-    r = job.trial.resources
+def _record(task: Task, status: Status, **fields) -> bool:
+    return record(_ledger(task.ledger_url), MlflowClient(task.job.tracking_uri), task.row_id,
+                  task.job.run_id, status, owner=task.owner, **fields)
+
+
+class SettleTrials(UserCallback):
+    """In a pack's Ray Train controller (on its driver's node): each trial RUNNING when its
+    workers report its start, FINISHED (metrics, final checkpoint, time split) when they report
+    its final checkpoint (``workloads.core.pack``), under its submission's lease. It lives in
+    the controller's process, so it tells the driver nothing: the ledger does."""
+
+    def __init__(self, pack: Pack) -> None:
+        self.pack = pack
+        self.tasks = {t.trial_id: t for t in pack.tasks}
+        self.started: dict[str, float] = {}  # when each trial's clock started, UNIX seconds
+
+    def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
+        reported = metrics[0]
+        task = self.tasks.get(reported.get(pack_protocol.TRIAL))
+        if task is None:
+            return
+        if pack_protocol.STARTED_AT in reported:
+            self.started.setdefault(task.trial_id, reported[pack_protocol.STARTED_AT])
+            if not _record(task, Status.RUNNING, checkpoint_path=self.pack.uri()):
+                print(f"[cemlab] {task.label}: another submission holds its lease now",
+                      flush=True)
+        elif pack_protocol.FINAL in reported:
+            self.settle(task, reported, checkpoint.path if checkpoint
+                        else reported[pack_protocol.CHECKPOINT])
+
+    def settle(self, task: Task, reported: dict, checkpoint_path: str) -> None:
+        """Record ``task`` FINISHED with ``reported``'s metrics and its final checkpoint, and
+        its time split when this run started it."""
+        workload, client = task.workload, MlflowClient(task.job.tracking_uri)
+        started = self.started.get(task.trial_id)
+        if started is not None:
+            tracking.log_timing(client, task.job.run_id, tracking.breakdown(
+                reported, started, time.time(), task.queued_at, task.submitted_at))
+        if _record(task, Status.FINISHED, metric=reported[workload.metric],
+                   val_metric=reported[workload.selection_metric], error=None,
+                   checkpoint_path=_uri(task, checkpoint_path)):
+            print(f"[cemlab] {task.label}: FINISHED ({workload.metric} "
+                  f"{reported[workload.metric]:.4g})", flush=True)
+        else:
+            print(f"[cemlab] {task.label}: finished, but another submission took its lease "
+                  "over meanwhile: that one records it", flush=True)
+
+
+def _uri(task: Task, path: str) -> str:
+    """The URI of ``path`` (a path on the storage root's filesystem, under the root)."""
+    return task.storage.uri_of(path.removeprefix(task.storage.root).strip("/"))
+
+
+def _trainer(pack: Pack, settle: SettleTrials) -> TorchTrainer:
+    r = pack.tasks[0].job.trial.resources
+    head = pack.tasks[0]
     return TorchTrainer(
-        functools.partial(task.workload.train_loop_per_worker, job),
+        functools.partial(head.workload.train_loop_per_worker, [t.job for t in pack.tasks]),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={
                                          "CPU": r.cpus_per_worker,
                                          "memory": r.memory_per_worker_gb * 2**30},
                                      placement_strategy=r.placement_strategy),
-        run_config=RunConfig(name=task.name,
-                             **ray_storage(task.storage, *_TRIALS, task.experiment),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2),
+        run_config=RunConfig(name=pack.name,
+                             **ray_storage(head.storage, *_TRIALS, head.experiment),
+                             checkpoint_config=CheckpointConfig(
+                                 num_to_keep=pack_protocol.num_to_keep(len(pack.tasks)),
+                                 checkpoint_score_attribute=pack_protocol.KEEP,
+                                 checkpoint_score_order="max"),
                              failure_config=FailureConfig(max_failures=r.max_failures),
-                             callbacks=[TuneReportCallback()]))
+                             callbacks=[settle, TuneReportCallback()]))
 
 
-def fit(task: Task, job: Job) -> ray.train.Result:
-    """Run ``job``'s Ray Train run (``TorchTrainer``) to its end and return its result.
+def fit(pack: Pack, settle: SettleTrials) -> ray.train.Result:
+    """Run ``pack``'s Ray Train run (``TorchTrainer``) to its end and return its result.
 
     A run whose worker group dies while it starts because Ray removed its placement group is
-    started again (it resumes from its last checkpoint), up to ``resources.max_failures``
-    times (-1: always). Ray Train's ``PlacementGroupCleaner`` takes a State API query that
-    finds no controller for a dead controller and removes the live run's placement group;
-    Ray Train retries worker failures (``FailureConfig.max_failures``), not this controller
-    error.
+    started again (each trial resumes from its last checkpoint), up to
+    ``resources.max_failures`` times (-1: always). Ray Train's ``PlacementGroupCleaner`` takes a
+    State API query that finds no controller for a dead controller and removes the live run's
+    placement group; Ray Train retries worker failures (``FailureConfig.max_failures``), not
+    this controller error.
 
     Raises:
         ray.train.TrainingFailedError: the run failed otherwise, or more often than allowed.
     """
-    limit = job.trial.resources.max_failures
+    limit = pack.tasks[0].job.trial.resources.max_failures
     restarts = 0
     while True:
         try:
-            return _trainer(task, job).fit()
+            return _trainer(pack, settle).fit()
         except ControllerError as e:
             if PLACEMENT_GROUP_REMOVED not in str(e) or restarts == limit:
                 raise
             restarts += 1
-            print(f"[cemlab] {job.trial.label}: Ray removed its placement group while its "
+            print(f"[cemlab] {pack.label}: Ray removed its placement group while its "
                   f"workers started; starting it again (restart {restarts})", flush=True)
 
 
-def trial_driver(config: dict[str, str], tasks: dict[str, Task]) -> None:
-    """Tune trainable: train ``tasks[config["trial_id"]]`` with Ray Train, recording it in the
-    ledger (and so in MLflow) as RUNNING, then FINISHED, while its submission holds the trial's
-    lease. A failure is raised to Tune, whose ``SettleFailures`` in the submission records it:
-    a driver whose submission died records nothing, so its lease lapses and the trial is taken
-    over (and resumed) by the next submission.
+def error_text(error: str) -> str:
+    """``error``, cut to its first 1,000 and last 3,000 characters when longer than 4,000."""
+    return error if len(error) <= 4000 else f"{error[:1000]}\n[...]\n{error[-3000:]}"
 
-    Raises:
-        ray.train.TrainingFailedError: the Train run failed.
-    """
-    task = tasks[config["trial_id"]]
-    job = task.job
-    ledger, client = _ledger(task.ledger_url), MlflowClient(job.tracking_uri)
-    lease = ledger.acquire(task.row_id, task.owner, task.lease_s)
-    if not (lease.acquired and record(ledger, client, task.row_id, job.run_id, Status.RUNNING,
-                                      owner=task.owner, checkpoint_path=task.uri())):
-        # lost while it waited for a slot (a heartbeat-less lapse)
-        print(f"[cemlab] {job.trial.label}: another submission holds its lease now: not "
-              "trained here", flush=True)
-        return
+
+def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
+    """Tune trainable: train ``packs[config["pack"]]`` with Ray Train, each trial recorded in
+    the ledger (and so in MLflow) as its workers report it (``SettleTrials``), while its
+    submission holds the trial's lease. When the run fails, the trial it was training is
+    recorded FAILED with what the run raised, and the trials after it start in a new run.
+    A driver whose submission died records nothing, so its leases lapse and its trials are
+    taken over (and resumed) by the next submission."""
     for name, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(name, value)
-    job = dataclasses.replace(job, submitted_at=time.time())  # time/startup_s starts here
-    result = fit(task, job)
-    tracking.log_timing(client, job.run_id, tracking.breakdown(
-        result.metrics, job.submitted_at, time.time(), task.queued_at, task.submitted_at))
-    workload = task.workload
-    if not record(ledger, client, task.row_id, job.run_id, Status.FINISHED, owner=task.owner,
-                  metric=result.metrics[workload.metric],
-                  val_metric=result.metrics[workload.selection_metric], error=None,
-                  checkpoint_path=task.uri(result.checkpoint.path.rsplit("/", 1)[-1])
-                  if result.checkpoint else None):
-        print(f"[cemlab] {job.trial.label}: finished, but another submission took its lease "
-              "over meanwhile: that one records it", flush=True)
+    mine = []
+    for task in packs[config["pack"]].tasks:
+        lease = _ledger(task.ledger_url).acquire(task.row_id, task.owner, task.lease_s)
+        if lease.acquired:
+            mine.append(task)
+        else:  # lost while it waited for a slot (a heartbeat-less lapse)
+            print(f"[cemlab] {task.label}: another submission holds its lease now: not "
+                  "trained here", flush=True)
+    pack = Pack(tuple(mine))
+    while pack.tasks:
+        handed_over = time.time()  # time/startup_s of the run's first trial starts here
+        pack = Pack(tuple(dataclasses.replace(t, job=dataclasses.replace(
+            t.job, submitted_at=handed_over)) if i == 0 else t for i, t in enumerate(pack.tasks)))
+        try:
+            fit(pack, SettleTrials(pack))
+            error = "its worker group ended without reporting it"
+        except TrainingFailedError as e:
+            error = f"{type(e).__name__}: {e}"
+        # the trials ran in order: the first one not settled is the one the run was training
+        failed = next((t for t in pack.tasks if _status(t) != Status.FINISHED), None)
+        if failed is None:
+            return
+        if _record(failed, Status.FAILED, error=error_text(error)):
+            print(f"[cemlab] {failed.label}: FAILED ({error.splitlines()[0]})", flush=True)
+        pack = pack.after(failed)
+
+
+def _status(task: Task) -> Status | None:
+    row = _ledger(task.ledger_url).trial_by_id(task.row_id)
+    return row.status if row else None
 
 
 def failure_text(error_txt: str) -> str:
@@ -205,53 +349,53 @@ def failure_text(error_txt: str) -> str:
 
 
 class SettleFailures(ray.tune.Callback):
-    """In the submission, while Tune runs the grid: a trial whose driver failed (its Train run
-    failed, or its driver's actor died) is recorded FAILED with what it raised, under the
+    """In the submission, while Tune runs the grid: the unsettled trials of a pack whose driver
+    failed (its actor died, or it raised) are recorded FAILED with what it raised, under the
     submission's lease."""
 
-    def __init__(self, tasks: dict[str, Task]) -> None:
-        self.tasks = tasks
+    def __init__(self, packs: dict[str, Pack]) -> None:
+        self.packs = packs
 
     def __getstate__(self) -> dict:
         """Tune pickles its callbacks into the storage root (``tuner.pkl``): not the tasks,
         whose ledger URL may hold a password. Nothing restores this callback from there."""
-        return {"tasks": {}}
+        return {"packs": {}}
 
     def on_trial_error(self, iteration: int, trials: list, trial: ray.tune.experiment.Trial,
                        **info) -> None:
-        task = self.tasks[trial.config["trial_id"]]
         written = trial.error_file and Path(trial.error_file)  # Tune's, on this node, just now
-        error = (written and written.exists() and failure_text(written.read_text())
-                 or "its trial driver failed (Tune kept no error text)")
-        if len(error) > 4000:  # the exception's first line, and the end of its message
-            error = f"{error[:1000]}\n[...]\n{error[-3000:]}"
-        if record(_ledger(task.ledger_url), MlflowClient(task.job.tracking_uri), task.row_id,
-                  task.job.run_id, Status.FAILED, owner=task.owner, error=error):
-            print(f"[cemlab] {task.job.trial.label}: FAILED ({error.splitlines()[0]})",
-                  flush=True)
+        error = error_text(written and written.exists() and failure_text(written.read_text())
+                           or "its driver failed (Tune kept no error text)")
+        for task in self.packs[trial.config["pack"]].tasks:
+            if _status(task) in (Status.FINISHED, Status.FAILED):
+                continue
+            if _record(task, Status.FAILED, error=error):
+                print(f"[cemlab] {task.label}: FAILED ({error.splitlines()[0]})", flush=True)
 
 
 def run_grid(name: str, tasks: list[Task], storage: StorageRoot, concurrency: int,
              submitted_at: float | None = None) -> None:
-    """Run ``tasks`` of the submission started at ``submitted_at`` (UNIX seconds) with Ray Tune,
-    ``concurrency`` at once; each outcome lands in the ledger and MLflow."""
+    """Run ``tasks`` of the submission started at ``submitted_at`` (UNIX seconds) with Ray Tune
+    in ``packs``, ``concurrency`` at once; each outcome lands in the ledger and MLflow."""
     queued_at = time.time()
-    by_id = {t.job.trial.trial_id: dataclasses.replace(t, submitted_at=submitted_at,
-                                                       queued_at=queued_at) for t in tasks}
+    by_name = {p.name: p for p in packs(
+        [dataclasses.replace(t, submitted_at=submitted_at, queued_at=queued_at) for t in tasks],
+        concurrency)}
     # Tune pickles its search state, name creator included, into the storage root: the creator
     # sees the labels only, never a Task (whose ledger URL may hold a password).
-    labels = {i: t.job.trial.label.replace(" ", "_") for i, t in by_id.items()}
-    print(f"[cemlab] Ray Tune: {len(tasks)} trial(s), up to {concurrency} at once", flush=True)
+    labels = {n: p.label.replace(" ", "_") for n, p in by_name.items()}
+    print(f"[cemlab] Ray Tune: {len(tasks)} trial(s) in {len(by_name)} worker group(s), up to "
+          f"{concurrency} at once", flush=True)
     tuner = ray.tune.Tuner(
-        ray.tune.with_resources(ray.tune.with_parameters(trial_driver, tasks=by_id),
+        ray.tune.with_resources(ray.tune.with_parameters(pack_driver, packs=by_name),
                                 driver_resources()),
-        param_space={"trial_id": ray.tune.grid_search(list(by_id))},
+        param_space={"pack": ray.tune.grid_search(list(by_name))},
         tune_config=ray.tune.TuneConfig(
             max_concurrent_trials=concurrency,
             reuse_actors=True,
-            trial_name_creator=lambda t: labels[t.config["trial_id"]],
+            trial_name_creator=lambda t: labels[t.config["pack"]],
         ),
         run_config=ray.tune.RunConfig(name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                       **ray_storage(storage, *_TUNE), verbose=1,
-                                      callbacks=[SettleFailures(by_id)]))
+                                      callbacks=[SettleFailures(by_name)]))
     tuner.fit()

@@ -444,6 +444,12 @@ class Ledger:
                                   .order_by(TrialRow.id)))
 
     @retrying
+    def trial_by_id(self, row_id: int) -> TrialRow | None:
+        """Trial row ``row_id``, or None."""
+        with self.session() as s:
+            return s.get(TrialRow, row_id)
+
+    @retrying
     def set_parent_run(self, experiment_id: int, run_id: str) -> str:
         """Make ``run_id`` the experiment's parent run unless it already has one; returns the
         parent run it has (compare-and-set: of two submissions creating one at once, the first

@@ -7,7 +7,8 @@
 3. ``claim``: a ledger row per trial, and for each unfinished one that no other live
    submission holds, its lease and its one MLflow run; finished trials are skipped, and a
    trial that another experiment of the ledger finished is copied from it (the trial cache).
-4. ``launch``: Ray Tune runs the claimed trials (each a Ray Train run); then ``claim`` and
+4. ``launch``: Ray Tune runs the claimed trials (in packs of same-shaped trials, each pack a
+   Ray Train run whose worker group trains them in turn); then ``claim`` and
    ``launch`` again whatever another submission held until its lease lapsed, waiting for the
    rest to settle there (``leases.wait_for_holders``). A heartbeat keeps this submission's
    leases alive meanwhile.
@@ -192,7 +193,9 @@ def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
                                         prepared.metrics))
         tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING,
                     mlflow_run_id=run_id)
-        job = Job(trial, prepared.data, books.settings.tracking_uri, run_id)
+        earlier = row.checkpoint_path and books.settings.storage.path_of_uri(row.checkpoint_path)
+        job = Job(trial, prepared.data, books.settings.tracking_uri, run_id,
+                  earlier_runs=(earlier,) if earlier else ())
         tasks.append(tune.Task(job, spec.workload_impl, books.experiment, row.id,
                                books.settings.ledger_url, books.settings.storage, owner,
                                books.settings.lease_s))

@@ -103,7 +103,8 @@ def run(trials: int, steps: int, server: str) -> int:
         if job.returncode != 0:
             print(job.stdout[-3000:] + job.stderr[-3000:])
         os.environ.update({k: env[k] for k in env if k.startswith("MLFLOW_TRACKING")})
-        limit = re.search(r"Ray Tune: \d+ trial\(s\), up to (\d+) at once", job.stdout)
+        limit = re.search(r"Ray Tune: \d+ trial\(s\) in \d+ worker group\(s\), up to (\d+) at once",
+                          job.stdout)
         return report(env, home, trials, steps, wall, job.returncode,
                       int(limit.group(1)) if limit else None)
     finally:

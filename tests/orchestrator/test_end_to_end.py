@@ -70,7 +70,7 @@ def committed_checkpoints(ledger: Ledger, experiment: str) -> list[str]:
         return []
     snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
     text = snapshot.read_text() if snapshot.exists() else ""
-    return sorted(set(re.findall(r"checkpoint_\d{4}-\d\d-\d\d_[\d.-]+", text)))
+    return sorted(set(re.findall(r"checkpoint_\w+?_\d{9}_\d+", text)))
 
 
 def wait_for_checkpoint(job: subprocess.Popen, ledger: Ledger, experiment: str, rank: int,
@@ -430,6 +430,56 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     for key in ("loss", "lr", "tokens_seen"):  # every step once in the one run
         steps = sorted(x.step for x in client.get_metric_history(killed.mlflow_run_id, key))
         assert steps == list(range(1, 201)), key
+
+
+def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(services,
+                                                                              tmp_path):
+    import psutil
+
+    home, env = services
+    spec = {**SPEC, "name": "between", "variants": {"llama": {}}, "learning_rates": [0.004],
+            "seeds": [0, 1], "budget": {"tokens": 40 * 16 * 64},
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
+            "resources": {"num_workers": 1, "cpus_per_worker": 2}}  # one at a time: one pack
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
+                            str(write_spec(tmp_path, spec))],  # trained here, not copied
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+
+    def finished() -> list:
+        exp = ledger.experiment("between")
+        return [r for r in (ledger.trials(exp.id) if exp else []) if r.status == Status.FINISHED]
+
+    deadline = time.monotonic() + 300
+    while not finished():  # the pack's first trial settles; its worker turns to the second
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    (first,) = finished()
+    workers = [p for p in psutil.process_iter(["cmdline"])
+               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert len(workers) == 1, workers
+    workers[0].kill()
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == 0, output[-3000:]
+    rows = ledger.trials(ledger.experiment("between").id)
+    assert all(r.status == Status.FINISHED for r in rows) and len(rows) == 2
+    second = next(r for r in rows if r.id != first.id)
+    assert "Attempting to start training worker group" in output
+    # The restarted group found the first trial trained and reported it again, untrained.
+    assert output.count("trained already") == 1, output[-3000:]
+    assert re.search(rf"checkpoint_{first.trial_hash}_000000040_\d+\): reported again", output)
+    again = next(r for r in rows if r.id == first.id)
+    assert (again.metric, again.val_metric, again.checkpoint_path) == (
+        first.metric, first.val_metric, first.checkpoint_path)
+    assert Path(first.checkpoint_path).is_dir() and Path(second.checkpoint_path).is_dir()
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    for row in rows:  # every step of each trial once, each in its own run
+        steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "loss"))
+        assert steps == list(range(1, 41)), row.trial_hash
+    assert len({r.mlflow_run_id for r in rows}) == 2
+    # both trials' final checkpoints kept in the pack's one run directory
+    assert Path(first.checkpoint_path).parent == Path(second.checkpoint_path).parent
 
 
 def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(services, tmp_path):

@@ -1,8 +1,14 @@
-"""What the submission records of a failed trial: the exception its driver raised, read from
-Tune's error.txt (the shape below is that of a real one, from the end-to-end failed-trial test,
+"""How the submission packs trials into worker groups, how a pack names and scores its
+checkpoints, and what it records of a failed driver: the exception it raised, read from Tune's
+error.txt (the shape below is that of a real one, from the end-to-end failed-trial test,
 shortened)."""
 
-from orchestrator.launch import failure_text
+from orchestrator.launch import Pack, Task, failure_text, packs
+from orchestrator.plan import plan
+from orchestrator.spec import parse_spec
+from workloads.core.pack import checkpoint_name, keep_score, num_to_keep, parse_name
+from workloads.core.storage import StorageRoot
+from workloads.core.trial import Job
 
 TUNE_ERROR_TXT = """\
 Failure # 1 (occurred at 2026-11-26_05-10-26)
@@ -35,3 +41,67 @@ def test_a_failure_without_a_stack_is_kept_whole():
     assert failure_text("Failure # 1 (occurred at now)\nthe actor died\n") == (
         "Failure # 1 (occurred at now)\nthe actor died")
     assert failure_text("") == ""
+
+
+def _tasks(spec: dict) -> list[Task]:
+    storage = StorageRoot(uri="/tmp/cemlab-packs")
+    return [Task(Job(t), None, "packs", i, "sqlite://", storage, "me", 60.0)
+            for i, t in enumerate(plan(parse_spec(spec)))]
+
+
+PACKED = {"name": "packs", "data": {"source": "shakespeare", "vocab_size": 512},
+          "sizes": ["nano", "micro"], "variants": {"llama": {}}, "learning_rates": [1e-3, 2e-3],
+          "seeds": [0, 1, 2], "budget": {"tokens": 40960},
+          "resources": {"num_workers": 1, "cpus_per_worker": 1}}
+
+
+def test_same_shaped_trials_share_as_many_worker_groups_as_run_at_once_balanced_by_flops():
+    tasks = _tasks(PACKED)
+    made = packs(tasks, concurrency=3)
+    assert len(made) == 3
+    order = [t.trial_id for t in tasks]
+    assert sorted(t.trial_id for p in made for t in p.tasks) == sorted(order)  # each once
+    for p in made:  # in the grid's order within a pack
+        assert [t.trial_id for t in p.tasks] == sorted((t.trial_id for t in p.tasks),
+                                                       key=order.index)
+        assert p.name.startswith("pack-") and len(p.name) == len("pack-") + 12
+    loads = sorted(sum(t.job.trial.budget.flops for t in p.tasks) for p in made)
+    largest = max(t.job.trial.budget.flops for t in tasks)
+    assert loads[-1] - loads[0] <= largest  # greedy longest-first: within one trial's FLOPs
+    assert len({p.name for p in made}) == 3
+    assert packs(tasks, concurrency=100) == [Pack((t,)) for t in tasks]  # a group per trial
+    assert packs(tasks[:1], concurrency=3)[0].name == f"trial-{tasks[0].trial_id}"
+
+
+def test_reuse_workers_off_gives_every_trial_its_own_worker_group():
+    spec = {**PACKED, "resources": {**PACKED["resources"], "reuse_workers": False}}
+    tasks = _tasks(spec)
+    assert packs(tasks, concurrency=2) == [Pack((t,)) for t in tasks]
+
+
+def test_on_gpus_a_worker_group_keeps_one_model_for_its_compile_cache():
+    spec = {**PACKED, "resources": {"num_workers": 1, "cpus_per_worker": 1, "use_gpu": True}}
+    tasks = _tasks(spec)
+    made = packs(tasks, concurrency=1)
+    assert len(made) == 2  # one per size, though one runs at a time
+    assert all(len({t.job.trial.size for t in p.tasks}) == 1 for p in made)
+
+
+def test_a_pack_after_a_failed_trial_holds_the_trials_behind_it():
+    tasks = _tasks(PACKED)[:3]
+    pack = Pack(tuple(tasks))
+    assert pack.after(tasks[0]).tasks == tuple(tasks[1:])
+    assert pack.after(tasks[2]).tasks == ()
+    assert pack.label == f"{tasks[0].label} +2"
+
+
+def test_checkpoint_names_sort_by_step_and_final_ones_outscore_the_rest():
+    names = [checkpoint_name("a1b2c3d4e5f6", s, 1795779050641) for s in (5, 40, 300)]
+    assert names == sorted(names)
+    assert parse_name(names[1]) == ("a1b2c3d4e5f6", 40, 1795779050641)
+    assert parse_name("checkpoint_2026-11-27_11-00-00.1") is None
+    # a pack of 3: every final checkpoint outscores every other, and later ones score higher
+    finals = [keep_score(p, 1000, True) for p in range(3)]
+    others = [keep_score(p, s, False) for p in range(3) for s in (20, 40)]
+    assert min(finals) > max(others) and others == sorted(others)
+    assert num_to_keep(3) == 5

@@ -141,6 +141,9 @@ class ResourcesConfig(StrictModel):
                               "checkpoint after a worker or node dies, within one submission "
                               "(-1: no limit)")
 
+    reuse_workers: bool = Field(True, description="a worker group trains several trials "
+                                "of this shape in turn (processes, data and, on GPUs, the "
+                                "compiled model stay warm); false: a worker group per trial")
     memory_per_worker_gb: float = Field(1.0, gt=0, description="host memory (GiB) Ray "
                                         "reserves for each worker, beside TRIAL_ACTORS_GB per "
                                         "trial: trials wait for memory rather than run out")

@@ -71,6 +71,12 @@ class StorageRoot(BaseModel):
         """The URI of ``parts`` under the root (``s3://...`` or a local path)."""
         return "/".join([self.uri.rstrip("/"), *parts])
 
+    def path_of_uri(self, uri: str) -> str | None:
+        """The filesystem path (no scheme) of ``uri`` (a ``uri_of``), or None when ``uri``
+        is not under this root."""
+        prefix = self.uri.rstrip("/") + "/"
+        return self.path(uri.removeprefix(prefix)) if uri.startswith(prefix) else None
+
     def check(self) -> None:
         """Fail fast on a root nobody can write.
 

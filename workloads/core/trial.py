@@ -102,11 +102,14 @@ class Trial:
 class Job:
     """One trial as it travels to its Ray Train workers (or runs in-process): the ``Trial``, the
     prepared data of its workload, the MLflow run its metrics go to (none in-process), and when
-    (UNIX seconds) its driver handed it to Ray Train (``submitted_at``; the start of
-    ``time/startup_s``)."""
+    (UNIX seconds) its driver handed it to Ray Train, or its worker group turned to it after the
+    trial before (``submitted_at``; the start of ``time/startup_s``); ``earlier_runs``: the
+    directories, on the storage root's filesystem, of Ray Train runs that trained it before (in
+    another pack of trials), whose checkpoints it may resume from."""
 
     trial: Trial
     data: Any = None
     tracking_uri: str | None = None
     run_id: str | None = None
     submitted_at: float | None = None
+    earlier_runs: tuple[str, ...] = ()

@@ -97,9 +97,10 @@ class Workload(ABC, Generic[C, D]):
         return None
 
     @abstractmethod
-    def train_loop_per_worker(self, job: Job) -> None:
-        """What every Ray Train worker of ``job``'s trial runs: its train loop, reporting
-        checkpoints to Ray Train and metrics to ``job``'s MLflow run."""
+    def train_loop_per_worker(self, jobs: list[Job]) -> None:
+        """What every Ray Train worker of a pack of same-shaped trials runs: each of ``jobs``
+        in turn, reporting checkpoints to Ray Train (``workloads.core.pack``) and metrics to
+        the job's MLflow run."""
 
     @abstractmethod
     def train_here(self, job: Job, engine: str = "torch", profile_top: int = 0,

@@ -95,9 +95,10 @@ def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], dataset: PackedS
     return nll_sum.item(), count
 
 
-def evaluate(engine: Engine, session: Session, dataset: PackedSequences, micro_batch_size: int,
+def evaluate(engine: Engine, session: Session, dataset: PackedSequences, batch_size: int,
              max_sequences: int | None = None) -> tuple[float, int]:
-    """Summed next-token NLL (nats) and token count over ``dataset``, across all ranks.
+    """Summed next-token NLL (nats) and token count over ``dataset``, across all ranks, without
+    gradients (the models' no-grad paths: no graph is kept), ``batch_size`` sequences a pass.
 
     At most ``max_sequences`` sequences, evenly spaced through the split. Every rank runs the
     same number of forward passes (a short shard is padded with masked-out sequences), as ZeRO-3
@@ -110,7 +111,8 @@ def evaluate(engine: Engine, session: Session, dataset: PackedSequences, micro_b
     mine = chosen[rank::world]
     mine = mine + [-1] * (per_rank - len(mine))  # -1: padding, not counted
     engine.eval()
-    nll, count = sequence_nll(engine, dataset, mine, micro_batch_size, engine.device)
+    with torch.no_grad():
+        nll, count = sequence_nll(engine, dataset, mine, batch_size, engine.device)
     engine.train()
     totals = session.all_reduce(torch.tensor([nll, count], dtype=torch.float64,
                                              device=engine.device))
@@ -262,7 +264,10 @@ class LanguageModelTask(Task):
 
     def evaluate(self, engine: Engine, split: str) -> dict[str, float]:
         validation = split == "validation"
-        nll, n = evaluate(engine, self.session, self.splits[split], self.trial.micro_batch_size,
+        # without gradients, a worker's share of the global batch fits where one micro-batch
+        # and its graph did
+        nll, n = evaluate(engine, self.session, self.splits[split],
+                          self.trial.micro_batch_size * self.trial.grad_accum,
                           self.trial.training.eval_sequences if validation else None)
         prefix = "val" if validation else "test"
         return {f"{prefix}_loss": nll / n, f"{prefix}_perplexity": math.exp(nll / n),

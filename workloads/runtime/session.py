@@ -2,12 +2,13 @@
 
 The same train loop runs in two sessions:
 
-- ``RaySession``: one Ray Train worker of a trial. Checkpoints go through ``ray.train.report``
-  (every rank writes its part and its sha256 manifest into a temporary directory that Ray
-  persists, and a restarted or resubmitted trial resumes from the newest one that verifies,
-  ``workloads.runtime.checkpoints``); metrics go to the trial's
-  MLflow run from rank 0, and the run's ``ray.nodes`` tag lists each rank's
-  ``<Ray node id>@<node IP>``.
+- ``RaySession``: one Ray Train worker of a trial, the trial at some position of the pack its
+  worker group trains in turn (``workloads.core.pack``). Checkpoints go through
+  ``ray.train.report`` (every rank writes its part and its sha256 manifest into a temporary
+  directory that Ray persists, named after the trial and step), and a restarted or resubmitted
+  trial resumes from the newest of its own that verifies, in its run or a run that trained it
+  before (``workloads.runtime.checkpoints``); metrics go to the trial's MLflow run from rank 0,
+  and the run's ``ray.nodes`` tag lists each rank's ``<Ray node id>@<node IP>``.
 - ``LocalSession``: one process, no Ray, no MLflow (``cemlab train``), a plain PyTorch
   engine; ``LocalDeepSpeedSession``: the same with DeepSpeed's engine, inside a
   ``one_rank_process_group``. Nothing is checkpointed; metrics are kept in ``history`` and the
@@ -18,25 +19,29 @@ The same train loop runs in two sessions:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import tempfile
+import time
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from workloads.core import pack
 from workloads.core.precision import resolve_precision
 from workloads.core.reach import check_tracking
 from workloads.core.trial import Job
 from workloads.runtime import allocator, hardware
-from workloads.runtime.checkpoints import newest_good, write_manifest
+from workloads.runtime.checkpoints import newest_good, problem, write_manifest
 from workloads.runtime.engine import DeepSpeedEngine, Engine, Optimizer, Scheduler, TorchEngine
 from workloads.runtime.metrics import MetricSink
 from workloads.runtime.timing import PhaseClock
@@ -146,10 +151,11 @@ FINAL_FLUSH_S = 300.0  # how long a finished trial waits for an unreachable trac
 
 class RaySession(Session):
     """Inside a Ray Train worker: ranks from the Train context, DeepSpeed or DDP, checkpoints
-    through ``ray.train.report``, metrics to MLflow run ``job.run_id`` at ``job.tracking_uri``.
+    through ``ray.train.report``, metrics to MLflow run ``job.run_id`` at ``job.tracking_uri``;
+    ``position``: the trial's place (0-based) in the pack its worker group trains in turn.
     """
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, position: int = 0) -> None:
         super().__init__(job)
         import ray.train
 
@@ -158,6 +164,10 @@ class RaySession(Session):
         torch.set_num_threads(job.trial.resources.cpus_per_worker)
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.position = position
+        storage = ctx.get_storage()
+        self._fs = storage.storage_filesystem
+        self._runs = list(dict.fromkeys([storage.experiment_fs_path, *job.earlier_runs]))
         here = ray.util.get_node_ip_address()
         check_tracking(job.tracking_uri, where=here)  # before any step: one line if unreachable
         self.sink = MetricSink(job.tracking_uri, job.run_id, enabled=self.rank == 0)
@@ -167,6 +177,7 @@ class RaySession(Session):
                       "again", logged)
         self.sink.tag("ray.nodes", ",".join(self._gather(
             f"{ray.get_runtime_context().get_node_id()}@{here}")))
+        self.attempt = int(self._gather(str(time.time_ns() // 10**6))[0])  # rank 0's start
 
     def _gather(self, value: str) -> list[str]:
         """``value`` of every rank, in rank order."""
@@ -175,6 +186,53 @@ class RaySession(Session):
         values: list = [None] * self.world_size
         dist.all_gather_object(values, value)
         return values
+
+    def _report(self, metrics: dict, checkpoint=None, step: int = 0) -> None:
+        import ray.train
+
+        metrics = {pack.TRIAL: self.job.trial.trial_id, **metrics}
+        if checkpoint is None:
+            ray.train.report(metrics)
+            return
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=pack.checkpoint_name(
+            self.job.trial.trial_id, step, self.attempt))
+
+    def start(self) -> None:
+        """Tell the driver the trial starts, and when its clock started (every rank calls)."""
+        self._report({pack.STARTED_AT: self.clock.started_at})
+
+    def checkpoints(self) -> list:
+        """This trial's checkpoints (``ray.train.Checkpoint``) in its run and in the runs that
+        trained it before, newest first (by step, then attempt; this run's first at a tie)."""
+        import pyarrow.fs
+        import ray.train
+
+        found = []
+        for order, run in enumerate(self._runs):
+            infos = self._fs.get_file_info(pyarrow.fs.FileSelector(run, allow_not_found=True))
+            for info in infos:
+                parsed = pack.parse_name(info.base_name)
+                if (info.type == pyarrow.fs.FileType.Directory and parsed
+                        and parsed[0] == self.job.trial.trial_id):
+                    found.append((-parsed[1], -parsed[2], order, info.path))
+        return [ray.train.Checkpoint(path, filesystem=self._fs) for *_, path in sorted(found)]
+
+    def report_if_trained(self) -> bool:
+        """When this trial's newest checkpoint is its final one and verifies (its worker group
+        restarted after it ended), report its final metrics again, naming that checkpoint,
+        and return True: the trial is not trained twice. False otherwise (every rank calls)."""
+        newest = next(iter(self.checkpoints()), None)
+        if newest is None or pack.parse_name(newest.path.rsplit("/", 1)[-1])[1] \
+                != self.job.trial.steps:
+            return False
+        with newest.as_directory() as d:
+            final = Path(d) / pack.FINAL_FILE
+            if problem(d) is not None or not final.is_file():
+                return False
+            metrics = json.loads(final.read_text())
+        self.info("[train] trained already (%s): reported again, not trained", newest.path)
+        self._report({**metrics, pack.FINAL: 1, pack.CHECKPOINT: newest.path})
+        return True
 
     def engine(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
                backend: Backend) -> Engine:
@@ -186,20 +244,17 @@ class RaySession(Session):
                            wrap=ray.train.torch.prepare_model, rank=self.rank)
 
     def restore(self, engine: Engine) -> int:
-        """The newest of the trial's checkpoints that verifies (``checkpoints.newest_good``:
-        Ray Train's latest, else the ones it kept before it).
+        """The newest of the trial's checkpoints that verifies (``checkpoints``, walked by
+        ``checkpoints.newest_good``).
 
         Raises:
             RuntimeError: checkpoints exist but none verifies.
         """
-        import ray.train
-
         def load(directory: str) -> int:
             self.sink.add_pending(directory)  # points an outage kept from the run
             return engine.load(directory)["step"]
 
-        latest = ray.train.get_checkpoint()
-        found = latest and newest_good(_newest_first(latest), lambda c: c.as_directory(), load)
+        found = newest_good(self.checkpoints(), lambda c: c.as_directory(), load)
         if not found:
             return 0
         checkpoint, step = found
@@ -207,14 +262,21 @@ class RaySession(Session):
         return step
 
     def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
+        """Report ``metrics`` with a checkpoint of ``engine`` at ``step``; at the trial's last
+        step, its final one (``pack.FINAL``, the metrics in ``pack.FINAL_FILE``)."""
         import ray.train
 
+        final = step == self.job.trial.steps
         with tempfile.TemporaryDirectory() as d:
             engine.save(d, {"step": step})
             self.sink.write_pending(d)  # what an outage kept from MLflow survives a crash
+            if final and self.rank == 0:
+                (Path(d) / pack.FINAL_FILE).write_text(json.dumps(metrics))
             write_manifest(d, self.rank, self.world_size, step)
-            ray.train.report({"step": step, **metrics},
-                             checkpoint=ray.train.Checkpoint.from_directory(d))
+            self._report({"step": step, **metrics,
+                          pack.KEEP: pack.keep_score(self.position, step, final),
+                          **({pack.FINAL: 1} if final else {})},
+                         ray.train.Checkpoint.from_directory(d), step)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.sink.log(metrics, step)
@@ -252,22 +314,6 @@ class RaySession(Session):
                 path = os.path.join(d, "model")
                 write(path)
                 MlflowClient(self.job.tracking_uri).log_artifacts(self.job.run_id, path, "model")
-
-
-def _newest_first(latest):
-    """``latest`` (a ``ray.train.Checkpoint``), then the older checkpoints of its run directory
-    (``checkpoint_<timestamp>``, on whatever filesystem it is), newest first; listed only when
-    ``latest`` does not verify."""
-    import pyarrow.fs
-    import ray.train
-
-    yield latest
-    parent, name = latest.path.rstrip("/").rsplit("/", 1)
-    infos = latest.filesystem.get_file_info(pyarrow.fs.FileSelector(parent))
-    for older in sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory
-                         and i.base_name.startswith("checkpoint_") and i.base_name < name),
-                        reverse=True):
-        yield ray.train.Checkpoint(f"{parent}/{older}", filesystem=latest.filesystem)
 
 
 class LocalSession(Session):

@@ -9,8 +9,8 @@ steps: ``<unit>_per_s``, ``flops_per_s`` (all workers; the task's analytic model
 ``mfu`` (over the workers' peak, ``Session.peak_flops``), and a log line. Every
 ``eval_interval`` steps: the validation metrics and a checkpoint, from which a resubmitted
 trial resumes at the same step with the same data. At the end: the validation and test
-metrics, ``train_wall_s``, ``train_mfu`` and ``peak_memory_mib`` (``Session.efficiency``), a
-last checkpoint carrying the clock's phases, and the model kept (``Task.keep``). A compiled
+metrics, ``train_wall_s``, ``train_mfu`` and ``peak_memory_mib`` (``Session.efficiency``), the
+model kept (``Task.keep``), then a last checkpoint carrying the clock's phases. A compiled
 engine's first step, which compiles the model, is the clock's ``compile`` phase and counts in
 neither throughput nor ``train_mfu``.
 """
@@ -163,7 +163,7 @@ class Trainer:
         done = {**final, **test}
         session.info("[train] done: %s in %.0fs", ", ".join(
             f"{k} {done[k]:.4f}" for k in task.headline), test["train_wall_s"])
-        # The phases so far go to the driver with the last report (time/*: runtime.timing).
-        session.checkpoint(engine, total_steps, {**final, **test, **clock.metrics()})
-        task.keep(engine)
+        phases = clock.metrics()  # so far; they go to the driver with the last report
+        task.keep(engine)  # before the last checkpoint: a trial with one has kept its model
+        session.checkpoint(engine, total_steps, {**final, **test, **phases})
         return {**final, **test}

@@ -1,8 +1,8 @@
 """Where a trial's train loop runs: in a Ray Train worker, or in this process.
 
-``run_in_ray`` is what every Ray Train worker of a trial runs; ``run_in_process`` runs the same
-train loop (the workload's ``train``) in a ``LocalSession``: a plain PyTorch engine on this
-machine's GPU or CPU, or DeepSpeed's engine on a process group of this one process
+``run_in_ray`` is what every Ray Train worker of a pack of trials runs; ``run_in_process``
+runs the same train loop (the workload's ``train``) in a ``LocalSession``: a plain PyTorch
+engine on this machine's GPU or CPU, or DeepSpeed's engine on a process group of this one process
 (``LocalDeepSpeedSession``), as a one-worker Ray trial runs it, so a GPU machine with torch and
 DeepSpeed but no Ray can run a trial. ``train_here`` does that and prints the report: the
 engine, the validation and test metrics, the train metrics (``train_mfu``, the last
@@ -15,8 +15,10 @@ work included, where ``workloads.lm.step_bench`` times the forward and backward 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import time
 from abc import abstractmethod
 
 import torch
@@ -50,25 +52,36 @@ class TrainedWorkload(Workload):
         returns the final metrics (``metric`` among them)."""
         return Trainer(job, session, self.task(job, session)).fit()
 
-    def train_loop_per_worker(self, job: Job) -> None:
-        run_in_ray(job, self)
+    def train_loop_per_worker(self, jobs: list[Job]) -> None:
+        run_in_ray(jobs, self)
 
     def train_here(self, job: Job, engine: str = "torch", profile_top: int = 0,
                    metrics_json: str | None = None) -> dict[str, float]:
         return train_here(job, self, engine, profile_top, metrics_json)
 
 
-def run_in_ray(job: Job, workload: TrainedWorkload) -> None:
-    """Ray Train's ``train_loop_per_worker``: ``workload`` trains ``job`` in a ``RaySession``.
+def run_in_ray(jobs: list[Job], workload: TrainedWorkload) -> None:
+    """Ray Train's ``train_loop_per_worker`` of a pack of same-shaped trials: ``workload``
+    trains each of ``jobs`` in turn on this worker group, each in a ``RaySession`` of its own,
+    so processes, process group, imports and data stay warm between them.
 
-    Ray Train gets it bound to the job (``functools.partial(workload.train_loop_per_worker,
-    job)``): the typed job and the workload are all that cross to the workers.
+    Ray Train gets it bound to the jobs (``functools.partial(workload.train_loop_per_worker,
+    jobs)``): the typed jobs and the workload are all that cross to the workers. After a restart
+    of the worker group, each trial resumes from its own newest checkpoint; one already trained
+    is reported again, not trained (``RaySession.report_if_trained``). The first trial's clock
+    starts when the driver handed the pack over, each next one's when the one before ended.
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    session = RaySession(job)
-    workload.train(job, session)
-    session.close()
+    for position, job in enumerate(jobs):
+        if position:
+            job = dataclasses.replace(job, submitted_at=time.time())
+        session = RaySession(job, position)
+        if session.report_if_trained():
+            continue
+        session.start()
+        workload.train(job, session)
+        session.close()
 
 
 def run_in_process(job: Job, workload: TrainedWorkload, engine: str = "torch",
