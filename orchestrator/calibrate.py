@@ -11,13 +11,13 @@ from workloads.core.architecture import ModelConfig
 from workloads.core.trial import Trial
 from workloads.core.workload import Workload
 
-# What a trial costs beyond its calibrated compute: Ray Tune/Train start-up (about 11 s),
-# DeepSpeed initialisation, evaluations, checkpoints, the model upload, and the per-step costs
-# the calibration step leaves out (optimizer, logging, two trials sharing 2 cores). Fitted on
-# fig2a-cpu (12 trials, 2 at once, 2 cores): 606 s of trial wall against 240 s of calibrated
-# compute, 30.5 s per trial.
+# What a trial costs beyond its calibrated compute: its share of its worker group's start (one
+# per pack of trials, about 35 s on 2 busy cores), its evaluations, checkpoints and model upload,
+# and the per-step costs the calibration step leaves out (optimizer, logging, two trials sharing
+# 2 cores). Fitted on `python -m orchestrator.bench grid` (12 nano trials, 2 packs of 6 on 2
+# cores, warm worker groups): 13.5 slot-seconds a trial beyond its train steps.
 # Added to every trial's estimate; the job's own start (about 25 s) is not counted.
-TRIAL_OVERHEAD_S = 30.0
+TRIAL_OVERHEAD_S = 13.5
 
 
 def _measure(step: Callable[[], None], flops: float, repeats: int = 2) -> float:

@@ -571,22 +571,21 @@ class Ledger:
         """Those of ``trial_hashes`` with a FINISHED row in any experiment."""
         if not trial_hashes or not self._has_tables():
             return set()
-        found: set[str] = set()
-        hashes = sorted(trial_hashes)
-        with self.session() as s:
-            for i in range(0, len(hashes), 500):  # within any database's bound-parameter limit
-                found.update(s.scalars(select(TrialRow.trial_hash).where(
-                    TrialRow.trial_hash.in_(hashes[i:i + 500]),
-                    TrialRow.status == Status.FINISHED)))
-        return found
+        return {r.trial_hash for r in self._rows_of(trial_hashes, TrialRow.status
+                                                    == Status.FINISHED)}
 
     @retrying
     def rows_of_trials(self, trial_hashes: set[str]) -> list[TrialRow]:
         """Every row, in any experiment, of the trials ``trial_hashes``."""
+        return self._rows_of(trial_hashes)
+
+    def _rows_of(self, trial_hashes: set[str], *where) -> list[TrialRow]:
+        """The rows of ``trial_hashes`` (and ``where``), in queries of 500 ids: within any
+        database's bound-parameter limit."""
         hashes = sorted(trial_hashes)
         with self.session() as s:
             return [r for i in range(0, len(hashes), 500) for r in s.scalars(
-                select(TrialRow).where(TrialRow.trial_hash.in_(hashes[i:i + 500])))]
+                select(TrialRow).where(TrialRow.trial_hash.in_(hashes[i:i + 500]), *where))]
 
     @retrying
     def renew(self, owner: str, lease_s: float) -> int:

@@ -262,7 +262,8 @@ def headline(baseline_name: str, baseline: Family, treatment_name: str, treatmen
     The saving is ``parameter_saving`` of the two full fits, its interval the percentiles of
     the savings of the i-th bootstrap fits of both families paired (a resample whose treatment
     never reaches the baseline counts as the lowest saving of all). E.g. "CEM reaches Llama's
-    perplexity with 23% fewer non-embedding parameters (95% CI 15–31%) at 134M". With fewer
+    perplexity with 23% fewer non-embedding parameters (95% CI 15–31%) at 134M"; with one run
+    per size there is no spread to resample, and the text says "no interval". With fewer
     than ``MIN_SIZES`` distinct sizes in either family, ``fewer`` is None and the text says so.
     """
     k_t, k_b = treatment.sizes, baseline.sizes
@@ -284,7 +285,9 @@ def headline(baseline_name: str, baseline: Family, treatment_name: str, treatmen
     # No interpolation: an unreachable resample (-inf) must not turn a percentile into NaN.
     lo, hi = (float(v) for v in np.quantile(paired, [tail, 1 - tail], method="inverted_cdf"))
     pct = f"{level * 100:.0f}% CI"
-    if lo >= 0 or hi < 0 and lo > -math.inf:  # one side of zero: 15–31% (fewer or more)
+    if lo == hi:  # every resample is the data: one run per size, no spread to resample
+        ci_text = "no interval: one run per size"
+    elif lo >= 0 or hi < 0 and lo > -math.inf:  # one side of zero: 15–31% (fewer or more)
         a, b = sorted((abs(lo) * 100, abs(hi) * 100))
         ci_text = f"{pct} {a:.0f}–{b:.0f}%" + ("" if (lo >= 0) == (fewer >= 0) else
                                                f" {'fewer' if lo >= 0 else 'more'}")

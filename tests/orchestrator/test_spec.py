@@ -14,7 +14,7 @@ from orchestrator.spec import SpecError, load_spec, parse_spec
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "experiments" / "demo.yaml"
+DEMO = ROOT / "experiments" / "demo-grid.yaml"
 
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess:

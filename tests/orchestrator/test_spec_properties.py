@@ -22,7 +22,7 @@ from workloads.core.config import (
 )
 from workloads.lm.data.corpus import CorpusConfig
 
-DEMO = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments" / "demo.yaml")
+DEMO = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments" / "demo-grid.yaml")
                       .read_text())
 TOP = sorted(set(ExperimentSpec.model_fields) - {"workload_config"} | {"data"})
 SECTIONS = {(): TOP, ("budget",): sorted(BudgetConfig.model_fields),

@@ -10,7 +10,7 @@ from orchestrator.ledger import Status
 from orchestrator.plan import plan
 from orchestrator.spec import load_spec
 
-DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo-grid.yaml"
 
 
 def test_trial_runs_nest_under_the_parent_and_are_found_by_trial_id(tmp_path):
