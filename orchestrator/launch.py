@@ -324,7 +324,7 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
             return
         if _record(failed, Status.FAILED, error=error_text(error)):
             print(f"[cemlab] {failed.label}: FAILED ({error.splitlines()[0]})", flush=True)
-        pack = pack.after(failed)
+        pack = Pack(tuple(t for t in pack.after(failed).tasks if _status(t) != Status.FINISHED))
 
 
 def _status(task: Task) -> Status | None:
