@@ -68,7 +68,7 @@ RAY_TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
 
 
 def driver_resources() -> dict[str, float]:
-    """What Tune reserves for one ``trial_driver``: no CPU (it only waits on its Train run,
+    """What Tune reserves for one ``pack_driver``: no CPU (it only waits on its Train run,
     whose workers hold the CPUs/GPUs), the host memory of the trial's actors other than its
     workers (``TRIAL_ACTORS_GB``), on this node, the one that submitted the grid, so the ledger
     URL and MLflow client it uses never leave this host."""
@@ -194,45 +194,61 @@ def _record(task: Task, status: Status, **fields) -> bool:
 
 class SettleTrials(UserCallback):
     """In a pack's Ray Train controller (on its driver's node): each trial RUNNING when its
-    workers report its start, FINISHED (metrics, final checkpoint, time split) when they report
-    its final checkpoint (``workloads.core.pack``), under its submission's lease. It lives in
-    the controller's process, so it tells the driver nothing: the ledger does."""
+    workers report its start, its run directory recorded at its first checkpoint there (where a
+    later submission resumes it from), FINISHED (metrics, final checkpoint, then its time split
+    in MLflow) when they report its final checkpoint (``workloads.core.pack``), under its
+    submission's lease, once: a trial reported again after a restart of the worker group is
+    not settled twice. It lives in the controller's process, so it tells the driver nothing:
+    the ledger does. A ledger or MLflow error is printed, not raised: raised, it would fail the
+    controller and with it the pack's other trials."""
 
     def __init__(self, pack: Pack) -> None:
         self.pack = pack
         self.tasks = {t.trial_id: t for t in pack.tasks}
         self.started: dict[str, float] = {}  # when each trial's clock started, UNIX seconds
+        self.checkpointed: set[str] = set()  # trials with a checkpoint in this run
+        self.settled: set[str] = set()
 
     def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
         reported = metrics[0]
         task = self.tasks.get(reported.get(pack_protocol.TRIAL))
-        if task is None:
+        if task is None or task.trial_id in self.settled:
             return
-        if pack_protocol.STARTED_AT in reported:
-            self.started.setdefault(task.trial_id, reported[pack_protocol.STARTED_AT])
-            if not _record(task, Status.RUNNING, checkpoint_path=self.pack.uri()):
-                print(f"[cemlab] {task.label}: another submission holds its lease now",
-                      flush=True)
-        elif pack_protocol.FINAL in reported:
-            self.settle(task, reported, checkpoint.path if checkpoint
-                        else reported[pack_protocol.CHECKPOINT])
+        try:
+            if pack_protocol.STARTED_AT in reported:
+                self.started.setdefault(task.trial_id, reported[pack_protocol.STARTED_AT])
+                if not _record(task, Status.RUNNING):
+                    print(f"[cemlab] {task.label}: another submission holds its lease now",
+                          flush=True)
+            elif pack_protocol.FINAL in reported:
+                self.settle(task, reported, checkpoint.path if checkpoint
+                            else reported[pack_protocol.CHECKPOINT])
+            elif checkpoint and task.trial_id not in self.checkpointed:
+                self.checkpointed.add(task.trial_id)
+                _ledger(task.ledger_url).update_trial(task.row_id, owner=task.owner,
+                                                      checkpoint_path=self.pack.uri())
+        except Exception as e:  # the ledger or MLflow: the trial settles on a later report
+            print(f"[cemlab] {task.label}: could not record its report ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0] if str(e) else ''})", flush=True)
 
     def settle(self, task: Task, reported: dict, checkpoint_path: str) -> None:
-        """Record ``task`` FINISHED with ``reported``'s metrics and its final checkpoint, and
+        """Record ``task`` FINISHED with ``reported``'s metrics and its final checkpoint, then
         its time split when this run started it."""
-        workload, client = task.workload, MlflowClient(task.job.tracking_uri)
-        started = self.started.get(task.trial_id)
-        if started is not None:
-            tracking.log_timing(client, task.job.run_id, tracking.breakdown(
-                reported, started, time.time(), task.queued_at, task.submitted_at))
-        if _record(task, Status.FINISHED, metric=reported[workload.metric],
-                   val_metric=reported[workload.selection_metric], error=None,
-                   checkpoint_path=_uri(task, checkpoint_path)):
-            print(f"[cemlab] {task.label}: FINISHED ({workload.metric} "
-                  f"{reported[workload.metric]:.4g})", flush=True)
-        else:
+        workload = task.workload
+        if not _record(task, Status.FINISHED, metric=reported[workload.metric],
+                       val_metric=reported[workload.selection_metric], error=None,
+                       checkpoint_path=_uri(task, checkpoint_path)):
             print(f"[cemlab] {task.label}: finished, but another submission took its lease "
                   "over meanwhile: that one records it", flush=True)
+            return
+        self.settled.add(task.trial_id)
+        print(f"[cemlab] {task.label}: FINISHED ({workload.metric} "
+              f"{reported[workload.metric]:.4g})", flush=True)
+        started = self.started.get(task.trial_id)
+        if started is not None:
+            tracking.log_timing(MlflowClient(task.job.tracking_uri), task.job.run_id,
+                                tracking.breakdown(reported, started, time.time(),
+                                                   task.queued_at, task.submitted_at))
 
 
 def _uri(task: Task, path: str) -> str:
@@ -295,7 +311,8 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
     """Tune trainable: train ``packs[config["pack"]]`` with Ray Train, each trial recorded in
     the ledger (and so in MLflow) as its workers report it (``SettleTrials``), while its
     submission holds the trial's lease. When the run fails, the trial it was training is
-    recorded FAILED with what the run raised, and the trials after it start in a new run.
+    recorded FAILED with what the run raised, and the unsettled trials after it whose leases
+    it still holds start in a new run.
     A driver whose submission died records nothing, so its leases lapse and its trials are
     taken over (and resumed) by the next submission."""
     for name, value in RAY_TRAIN_ENV.items():
@@ -315,7 +332,7 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
             t.job, submitted_at=handed_over)) if i == 0 else t for i, t in enumerate(pack.tasks)))
         try:
             fit(pack, SettleTrials(pack))
-            error = "its worker group ended without reporting it"
+            return  # every trial reported; one left unsettled lost its lease to the new holder
         except TrainingFailedError as e:
             error = f"{type(e).__name__}: {e}"
         # the trials ran in order: the first one not settled is the one the run was training
@@ -324,7 +341,9 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
             return
         if _record(failed, Status.FAILED, error=error_text(error)):
             print(f"[cemlab] {failed.label}: FAILED ({error.splitlines()[0]})", flush=True)
-        pack = Pack(tuple(t for t in pack.after(failed).tasks if _status(t) != Status.FINISHED))
+        pack = Pack(tuple(t for t in pack.after(failed).tasks if _status(t) != Status.FINISHED
+                          and _ledger(t.ledger_url).acquire(t.row_id, t.owner,
+                                                            t.lease_s).acquired))
 
 
 def _status(task: Task) -> Status | None:

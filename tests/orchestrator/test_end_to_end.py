@@ -66,8 +66,8 @@ def committed_checkpoints(ledger: Ledger, experiment: str) -> list[str]:
     ``experiment``, oldest first, from its checkpoint manager's snapshot."""
     exp = ledger.experiment(experiment)
     rows = ledger.trials(exp.id) if exp else []
-    if not rows or rows[0].status != "RUNNING":
-        return []
+    if not rows or rows[0].status != "RUNNING" or not rows[0].checkpoint_path:
+        return []  # the run directory is recorded at the trial's first checkpoint there
     snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
     text = snapshot.read_text() if snapshot.exists() else ""
     return sorted(set(re.findall(r"checkpoint_\w+?_\d{9}_\d+", text)))

@@ -203,7 +203,8 @@ class RaySession(Session):
 
     def checkpoints(self) -> list:
         """This trial's checkpoints (``ray.train.Checkpoint``) in its run and in the runs that
-        trained it before, newest first (by step, then attempt; this run's first at a tie)."""
+        trained it before, newest first (by step, then attempt; this run's first at a tie), as
+        rank 0 lists them: every rank then walks the same ones (a collective)."""
         import pyarrow.fs
         import ray.train
 
@@ -215,23 +216,27 @@ class RaySession(Session):
                 if (info.type == pyarrow.fs.FileType.Directory and parsed
                         and parsed[0] == self.job.trial.trial_id):
                     found.append((-parsed[1], -parsed[2], order, info.path))
-        return [ray.train.Checkpoint(path, filesystem=self._fs) for *_, path in sorted(found)]
+        paths = json.loads(self._gather(json.dumps([path for *_, path in sorted(found)]))[0])
+        return [ray.train.Checkpoint(path, filesystem=self._fs) for path in paths]
 
     def report_if_trained(self) -> bool:
         """When this trial's newest checkpoint is its final one and verifies (its worker group
         restarted after it ended), report its final metrics again, naming that checkpoint,
         and return True: the trial is not trained twice. False otherwise (every rank calls)."""
         newest = next(iter(self.checkpoints()), None)
-        if newest is None or pack.parse_name(newest.path.rsplit("/", 1)[-1])[1] \
-                != self.job.trial.steps:
+        metrics = None
+        if newest is not None and pack.parse_name(newest.path.rsplit("/", 1)[-1])[1] \
+                == self.job.trial.steps:
+            with newest.as_directory() as d:
+                final = Path(d) / pack.FINAL_FILE
+                if problem(d) is None and final.is_file():
+                    metrics = json.loads(final.read_text())
+        # rank 0 decides, for every rank: the path of the final checkpoint, or null
+        path = json.loads(self._gather(json.dumps(newest.path if metrics else None))[0])
+        if path is None:
             return False
-        with newest.as_directory() as d:
-            final = Path(d) / pack.FINAL_FILE
-            if problem(d) is not None or not final.is_file():
-                return False
-            metrics = json.loads(final.read_text())
-        self.info("[train] trained already (%s): reported again, not trained", newest.path)
-        self._report({**metrics, pack.FINAL: 1, pack.CHECKPOINT: newest.path})
+        self.info("[train] trained already (%s): reported again, not trained", path)
+        self._report({**(metrics or {}), pack.FINAL: 1, pack.CHECKPOINT: path})
         return True
 
     def engine(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,

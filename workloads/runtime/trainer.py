@@ -10,7 +10,8 @@ steps: ``<unit>_per_s``, ``flops_per_s`` (all workers; the task's analytic model
 ``eval_interval`` steps: the validation metrics and a checkpoint, from which a resubmitted
 trial resumes at the same step with the same data. At the end: the validation and test
 metrics, ``train_wall_s``, ``train_mfu`` and ``peak_memory_mib`` (``Session.efficiency``), the
-model kept (``Task.keep``), then a last checkpoint carrying the clock's phases. A compiled
+model kept (``Task.keep``) and the metrics sent (``Session.close``), then a last checkpoint
+carrying the clock's phases. A compiled
 engine's first step, which compiles the model, is the clock's ``compile`` phase and counts in
 neither throughput nor ``train_mfu``.
 """
@@ -165,5 +166,6 @@ class Trainer:
             f"{k} {done[k]:.4f}" for k in task.headline), test["train_wall_s"])
         phases = clock.metrics()  # so far; they go to the driver with the last report
         task.keep(engine)  # before the last checkpoint: a trial with one has kept its model
+        session.close()  # and has sent its metrics (an outage is waited out here)
         session.checkpoint(engine, total_steps, {**final, **test, **phases})
         return {**final, **test}

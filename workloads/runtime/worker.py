@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import time
@@ -81,7 +82,10 @@ def run_in_ray(jobs: list[Job], workload: TrainedWorkload) -> None:
             continue
         session.start()
         workload.train(job, session)
-        session.close()
+        del session
+        gc.collect()  # the trial's engine, model and optimizer states, before the next one's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def run_in_process(job: Job, workload: TrainedWorkload, engine: str = "torch",
