@@ -437,7 +437,9 @@ def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(
     import psutil
 
     home, env = services
-    spec = {**SPEC, "name": "between", "variants": {"llama": {}}, "learning_rates": [0.004],
+    # LR 0.003: trials of their own (the two-submissions test trains 0.004's, and the trial
+    # cache would hand one test the other's)
+    spec = {**SPEC, "name": "between", "variants": {"llama": {}}, "learning_rates": [0.003],
             "seeds": [0, 1], "budget": {"tokens": 40 * 16 * 64},
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "resources": {"num_workers": 1, "cpus_per_worker": 2}}  # one at a time: one pack
