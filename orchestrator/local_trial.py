@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
+
+from pydantic import ValidationError
 
 from orchestrator.plan import batch_geometry, plan
 from orchestrator.spec import ExperimentSpec, SpecError, load_spec, parse_spec
@@ -61,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", choices=["auto", "true", "false"],
                         help="torch.compile the model and loss; auto: on a GPU at ZeRO 0-2 "
                         "(default: the trial's)")
+    parser.add_argument("--deepspeed", type=json.loads, metavar="JSON",
+                        help="more DeepSpeed config over the trial's engine.deepspeed, e.g. "
+                        "'{\"bf16\": {\"check_grad_overflow\": false}}'")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile train steps 4 and 5 and print their N longest GPU kernels "
                         "(torch operators on a CPU), their wall and busy time per step")
@@ -130,15 +136,27 @@ def with_steps(job: Job, steps: int) -> Job:
     return dataclasses.replace(job, trial=dataclasses.replace(trial, budget=budget))
 
 
-def with_engine_options(job: Job, zero_stage: int | None, compiles: str | None) -> Job:
+def with_engine_options(job: Job, zero_stage: int | None, compiles: str | None,
+                        deepspeed: dict | None = None) -> Job:
     """``job`` with ``engine.zero_stage`` and ``engine.compile`` replaced where given
-    (``compiles``: ``auto``, ``true`` or ``false``); neither is part of a trial's identity."""
+    (``compiles``: ``auto``, ``true`` or ``false``) and ``deepspeed`` merged over
+    ``engine.deepspeed``; none of it is part of a trial's identity.
+
+    Raises:
+        SpecError: ``deepspeed`` sets a key another engine field owns (one line).
+    """
     update = {**({"zero_stage": zero_stage} if zero_stage is not None else {}),
               **({"compile": {"true": True, "false": False}.get(compiles, compiles)}
-                 if compiles is not None else {})}
+                 if compiles is not None else {}),
+              **({"deepspeed": {**job.trial.engine.deepspeed, **deepspeed}}
+                 if deepspeed else {})}
     if not update:
         return job
-    engine = EngineConfig.model_validate({**job.trial.engine.model_dump(), **update})
+    try:
+        engine = EngineConfig.model_validate({**job.trial.engine.model_dump(), **update})
+    except ValidationError as e:
+        problem = e.errors()[0]["msg"].removeprefix("Value error, ")
+        raise SpecError(f"--deepspeed: {problem}") from None
     return dataclasses.replace(job, trial=dataclasses.replace(job.trial, engine=engine))
 
 
@@ -156,7 +174,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     job = spec_job(spec, args.trial or "0", str(Paths().data_dir), args.spec or args.preset)
     if args.spec and args.steps:
         job = with_steps(job, args.steps)
-    job = with_engine_options(job, args.zero_stage, args.compile)
+    job = with_engine_options(job, args.zero_stage, args.compile, args.deepspeed)
     t = job.trial
     print(f"{t.label} ({t.workload}, {t.dataset}): {t.steps} steps, {t.tokens:,} "
           f"{spec.workload_impl.unit}, {t.params['total']:,} parameters, in-process "

@@ -129,7 +129,7 @@ def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
     of the trial (a preset's or a spec's), and only where given."""
     from orchestrator.local_trial import with_engine_options
     from orchestrator.plan import plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec import SpecError, parse_spec
     from workloads.core.trial import Job
 
     spec = parse_spec({"name": "gp-one", "workload": "gp_regression", "sizes": ["gp-small"],
@@ -142,6 +142,12 @@ def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
     assert with_engine_options(job, None, "true").trial.engine.compile is True
     assert with_engine_options(job, 0, None).trial.engine.compile == "auto"
     assert with_engine_options(job, None, None) is job
+    tuned = with_engine_options(job, None, None, {"bf16": {"check_grad_overflow": False}})
+    assert tuned.trial.engine.deepspeed == {"bf16": {"check_grad_overflow": False}}
+    assert tuned.trial.trial_id == job.trial.trial_id  # not part of the trial's identity
+    with pytest.raises(SpecError, match=r"^--deepspeed: .*zero_optimization\.stage is set by"):
+        with_engine_options(job, None, None, {"zero_optimization": {"stage": 3}})
+    assert parse("--preset", "nano", "--deepspeed", '{"a": 1}').deepspeed == {"a": 1}
     assert parse("--preset", "nano").engine == "torch"
 
 

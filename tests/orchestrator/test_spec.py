@@ -87,6 +87,8 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d.update(name="../escape"), "name: String should match pattern"),
     (lambda d: d.update(workload="vision"), "workload: unknown workload 'vision'"),
     (lambda d: d["engine"].update(zero_stage=4), "engine.zero_stage: Input should be 0, 1,"),
+    (lambda d: d["engine"].update(deepspeed={"train_batch_size": 64}),
+     "engine.deepspeed: train_batch_size is set by the spec's own fields"),
     (lambda d: d["data"].update(tokenizer="not a tokenizer!"),
      "data.tokenizer: 'not a tokenizer!' is neither a directory nor a Hugging Face hub name"),
     # a grid over the cap (MAX_TRIALS) without --yes

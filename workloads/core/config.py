@@ -9,9 +9,9 @@ spec into them and the same objects reach the train loop inside the Ray workers.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 
 class StrictModel(BaseModel):
@@ -86,11 +86,23 @@ class ScheduleConfig(StrictModel):
     final_lr_fraction: float = Field(0.1, ge=0, le=1)
 
 
+# DeepSpeed config keys (key: None, or key: its sub-key) that ``engine.deepspeed`` may not set.
+DEEPSPEED_OWNED: dict[str, str | None] = {
+    "train_batch_size": None, "train_micro_batch_size_per_gpu": None,
+    "gradient_accumulation_steps": None, "gradient_clipping": None, "optimizer": None,
+    "scheduler": None, "fp16": None, "bf16": "enabled", "zero_optimization": "stage"}
+
+
 class EngineConfig(StrictModel):
     """The ``engine`` section (``runtime.engine``): DeepSpeed's ZeRO ``zero_stage``, the
-    ``precision`` (``auto``: fixed when the trial is planned, ``core.precision``), and
+    ``precision`` (``auto``: fixed when the trial is planned, ``core.precision``),
     ``compile`` (whether the workers run the model and the loss through ``torch.compile``;
-    ``engine.compiles``)."""
+    ``engine.compiles``) and ``deepspeed``, more DeepSpeed config. None of it but the
+    precision is part of a trial's identity.
+
+    Raises:
+        pydantic.ValidationError: ``deepspeed`` sets a key another field owns.
+    """
 
     zero_stage: Literal[0, 1, 2, 3] = 2
     precision: Literal["auto", "bf16", "fp32"] = "auto"
@@ -98,6 +110,23 @@ class EngineConfig(StrictModel):
         "auto", description="torch.compile each worker's model and loss (DeepSpeed's "
         "engine.compile); auto: on GPU workers at ZeRO stage 0-2, off on CPUs "
         "(engine.compiles)")
+    deepspeed: dict[str, Any] = Field(
+        default_factory=dict, description="DeepSpeed config keys merged over the one the "
+        "engine writes (runtime.optim.deepspeed_config), e.g. {bf16: {check_grad_overflow: "
+        "false}}; the batch geometry, clipping, precision and ZeRO stage come from their own "
+        "fields")
+
+    @field_validator("deepspeed")
+    @classmethod
+    def _not_owned_elsewhere(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Refuses a key that another field sets (``DEEPSPEED_OWNED``), naming it."""
+        for key, inner in DEEPSPEED_OWNED.items():
+            if key in value and (inner is None or (isinstance(value[key], dict)
+                                                   and inner in value[key])):
+                where = key if inner is None else f"{key}.{inner}"
+                raise ValueError(f"{where} is set by the spec's own fields (batch, "
+                                 "optimizer.grad_clip, engine.precision, engine.zero_stage)")
+        return value
 
 
 # Where each key of the former single ``training`` section lives now ("section.key"): an old

@@ -207,7 +207,7 @@ class DeepSpeedEngine(Engine):
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(micro_batch_size, grad_accum, world_size, engine.zero_stage,
-                                    precision, grad_clip))
+                                    precision, grad_clip, engine.deepspeed))
         # DeepSpeed's own checkpoint engine unpickles (torch.load(weights_only=False)): restore
         # through a weights-only load instead, nothing but tensors and DeepSpeed's plain types.
         self.engine.checkpoint_engine.load = load_weights_only

@@ -30,7 +30,8 @@ from torch._dynamo.utils import counters
 
 tmp = Path(sys.argv[2])
 job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10)
-engine = job.trial.engine.model_copy(update={"compile": True})
+engine = job.trial.engine.model_copy(update={  # and more DeepSpeed config, from the spec
+    "compile": True, "deepspeed": {"zero_optimization": {"contiguous_gradients": True}}})
 compiled = dataclasses.replace(job, trial=dataclasses.replace(job.trial, engine=engine))
 out = {}
 with one_rank_process_group():
@@ -46,7 +47,8 @@ with one_rank_process_group():
                      "compiled": made.compiled and made.engine.is_compiled,
                      "compile_s": session.clock.seconds["compile"],
                      "train_mfu": final["train_mfu"],
-                     "graphs": counters["stats"]["unique_graphs"]}
+                     "graphs": counters["stats"]["unique_graphs"],
+                     "contiguous": name != "torch" and made.engine.zero_contiguous_gradients()}
 print("RESULT " + json.dumps(out))
 """
 
@@ -66,6 +68,8 @@ def test_deepspeed_and_torch_engines_train_alike(tmp_path):
     # trial trains and evaluates to the same numbers (Inductor reorders fp32 sums)
     assert not ds["compiled"] and ds["graphs"] == torch_["graphs"] == 0
     assert compiled["compiled"] and compiled["graphs"] >= 2
+    # one worker keeps no contiguous gradient buffer, unless engine.deepspeed asks for one
+    assert not ds["contiguous"] and compiled["contiguous"]
     # its first step compiles: the clock's compile phase, out of the train phase's MFU
     assert ds["compile_s"] == 0 < compiled["compile_s"]
     assert compiled["train_mfu"] > 0

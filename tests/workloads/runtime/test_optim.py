@@ -30,6 +30,19 @@ def test_deepspeed_batch_geometry():
     assert cfg["zero_optimization"]["stage"] == 2
     assert cfg["bf16"]["enabled"] is True
     assert cfg["gradient_clipping"] == 1.0
+    # engine.deepspeed merges key by key: a nested key joins its section's others
+    more = deepspeed_config(8, 4, 2, 2, "bf16", 1.0, {"bf16": {"check_grad_overflow": False},
+                                                     "zero_optimization": {"overlap_comm": True},
+                                                     "steps_per_print": 7})
+    assert more["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert more["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    assert more["steps_per_print"] == 7 and more["train_batch_size"] == 64
+    # bf16 skips DeepSpeed's overflow check; one worker at ZeRO 1-2 keeps no contiguous copy
+    one = deepspeed_config(8, 1, 1, 1, "bf16", 1.0)
+    assert one["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert one["zero_optimization"] == {"stage": 1, "contiguous_gradients": False}
+    assert deepspeed_config(8, 1, 1, 3, "fp32", 1.0)["zero_optimization"] == {"stage": 3}
+    assert deepspeed_config(8, 1, 1, 0, "fp32", 1.0)["bf16"] == {"enabled": False}
 
 
 def test_weight_decay_by_role_not_rank():
