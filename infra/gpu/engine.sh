@@ -25,12 +25,11 @@ export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tm
 export CEMLAB_HOME=${CEMLAB_HOME:-/tmp/cemlab-home}  # one prepared corpus for every run
 source "$here/infra/gpu/lib.sh"  # step
 
-no_check='"bf16":{"check_grad_overflow":false}'
+# DeepSpeed's own defaults for the two keys runtime.optim.deepspeed_config sets otherwise
+ds_own='"bf16":{"check_grad_overflow":true},"zero_optimization":{"contiguous_gradients":true}'
 SETTINGS=${SETTINGS:-"default 1 {}
-no-check 1 {$no_check}
+deepspeed-defaults 1 {$ds_own}
 zero-2 2 {}
-zero-2-no-check 2 {$no_check}
-scattered-grads 1 {$no_check,\"zero_optimization\":{\"contiguous_gradients\":false}}
 zero-0 0 {}"}
 trial=(--preset "${PRESET:-llama-134m}" --engine deepspeed --compile true --precision bf16
        --batch-size 8 --steps 40 --corpus "$CORPUS" --profile 30)
