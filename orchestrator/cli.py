@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if spec.grid_size > SUMMARY_ABOVE:  # a row per cell, and one trial planned per cell
             grid = cells(spec)
-            calibrated = [trial(spec.learning_rates[0], spec.seeds[0]) for trial in grid]
+            calibrated = [trial(spec.lr_grid[0], spec.seeds[0]) for trial in grid]
             wall = None if args.no_calibrate else estimate_wall_s(calibrated, spec.workload_impl)
             print(format_summary(spec, grid, wall, concurrency(spec)))
             return 0

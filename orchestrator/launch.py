@@ -319,8 +319,7 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
         os.environ.setdefault(name, value)
     mine = []
     for task in packs[config["pack"]].tasks:
-        lease = _ledger(task.ledger_url).acquire(task.row_id, task.owner, task.lease_s)
-        if lease.acquired:
+        if _held(task):
             mine.append(task)
         else:  # lost while it waited for a slot (a heartbeat-less lapse)
             print(f"[cemlab] {task.label}: another submission holds its lease now: not "
@@ -341,9 +340,13 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
             return
         if _record(failed, Status.FAILED, error=error_text(error)):
             print(f"[cemlab] {failed.label}: FAILED ({error.splitlines()[0]})", flush=True)
-        pack = Pack(tuple(t for t in pack.after(failed).tasks if _status(t) != Status.FINISHED
-                          and _ledger(t.ledger_url).acquire(t.row_id, t.owner,
-                                                            t.lease_s).acquired))
+        pack = Pack(tuple(t for t in pack.after(failed).tasks
+                          if _status(t) != Status.FINISHED and _held(t)))
+
+
+def _held(task: Task) -> bool:
+    """Whether ``task``'s submission holds its trial's lease (acquired or renewed now)."""
+    return _ledger(task.ledger_url).acquire(task.row_id, task.owner, task.lease_s).acquired
 
 
 def _status(task: Task) -> Status | None:

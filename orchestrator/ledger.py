@@ -193,6 +193,8 @@ class TrialRow(Base):
     # the row of another experiment that trained this trial, when settled from the trial cache
     source_trial_id: Mapped[int | None] = mapped_column(
         ForeignKey("cemlab_trials.id", name="fk_cemlab_trials_source_trial_id"))
+    # the round of an adapting learning-rate bracket that added this trial's LR (None: the grid)
+    lr_round: Mapped[int | None] = mapped_column(Integer)
 
 
 @dataclass(frozen=True)

@@ -108,11 +108,19 @@ def cells(spec: ExperimentSpec, data: Any = None) -> list[Cell]:
             for size in spec.sizes for variant in spec.variants]
 
 
+def arm_cells(spec: ExperimentSpec, data: Any = None) -> dict[tuple[str, str, str], Cell]:
+    """``cells`` keyed by arm: ``(dataset, variant, size)``."""
+    arms = [(dataset, variant, size)
+            for dataset in spec.workload_impl.datasets(spec.workload_config)
+            for size in spec.sizes for variant in spec.variants]
+    return dict(zip(arms, cells(spec, data), strict=True))
+
+
 def plan(spec: ExperimentSpec, data: Any = None) -> list[Trial]:
     """Every dataset x size x variant x learning rate x seed of ``spec``, in that order
     (``cells`` with ``data``, each over the learning rates and seeds)."""
     return [trial(lr, seed) for trial in cells(spec, data)
-            for lr in spec.learning_rates for seed in spec.seeds]
+            for lr in spec.lr_grid for seed in spec.seeds]
 
 
 def capacity() -> tuple[float, float, float]:
@@ -183,7 +191,7 @@ def format_summary(spec: ExperimentSpec, grid: list[Cell],
     ``wall_s`` maps each cell's first trial id (its first learning rate and seed) to the estimated
     wall seconds that every trial of the cell takes.
     """
-    lrs, seeds = spec.learning_rates, spec.seeds
+    lrs, seeds = spec.lr_grid, spec.seeds
     firsts = [trial(lrs[0], seeds[0]) for trial in grid]
     several = len({t.dataset for t in firsts}) > 1
     per_cell = len(lrs) * len(seeds)
@@ -209,11 +217,19 @@ def format_summary(spec: ExperimentSpec, grid: list[Cell],
 
 def _head(spec: ExperimentSpec, first: Trial, n: int) -> str:
     r, tr = spec.resources, spec.training
-    return (f"experiment {spec.name} ({spec.workload}): {n:,} trial(s); each "
+    head = (f"experiment {spec.name} ({spec.workload}): {n:,} trial(s); each "
             f"{r.num_workers} worker(s) x {r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
             f", ZeRO {first.engine.zero_stage}, {first.engine.precision}, global batch "
             f"{tr.batch_size} = {first.micro_batch_size} per micro-batch x {first.grad_accum} "
             f"accumulation x {r.num_workers} worker(s)")
+    if spec.lr_max_points is None:
+        return head
+    lrs, arms = spec.lr_grid, n // (len(spec.lr_grid) * len(spec.seeds))
+    more = (spec.lr_max_points - len(lrs)) * arms * len(spec.seeds)
+    return (f"{head}\nlearning rates adapt: an arm whose validation optimum sits at an edge of "
+            f"{lrs[0]:g}..{lrs[-1]:g} gets the next point beyond it (a factor "
+            f"{lrs[1] / lrs[0]:.3g} below, {lrs[-1] / lrs[-2]:.3g} above), round after round, "
+            f"up to {spec.lr_max_points} per arm: at most {more:,} more trial(s)")
 
 
 def _row(spec: ExperimentSpec, i: int, t: Trial, several: bool,

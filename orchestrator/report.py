@@ -100,7 +100,7 @@ def complete_grids(spec: ExperimentSpec, points: list[Point],
     groups: dict[tuple, list[Point]] = defaultdict(list)
     for p in points:
         groups[(p.dataset, p.variant, p.size, p.seed)].append(p)
-    grid = set(spec.learning_rates)
+    grid = set(spec.lr_grid)
     complete = {key: {p.lr for p in ps} >= grid for key, ps in groups.items()}
     kept = [p for key, ps in groups.items() if complete[key] for p in ps]
     left_out = tuple(f"{v}@{s} ({d}) seed {seed}: {len(ps)} of {len(grid)} learning rates "

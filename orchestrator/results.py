@@ -29,10 +29,12 @@ def short_metric(spec: ExperimentSpec) -> str:
 
 def in_grid(spec: ExperimentSpec, datasets: list[str], row: TrialRow) -> bool:
     """Whether a ledger row lies on the spec's current grid of ``datasets`` (a spec edited to a
-    smaller grid keeps its old rows in the ledger, outside the analysis)."""
+    smaller grid keeps its old rows in the ledger, outside the analysis); with brackets that
+    extend, a learning rate that a round added (``lr_round``) counts as the grid's."""
     return (row.dataset in datasets and row.variant in spec.variants
             and row.size in spec.sizes and row.seed in spec.seeds
-            and any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.learning_rates))
+            and (any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.lr_grid)
+                 or bool(row.lr_round and spec.lr_max_points)))
 
 
 def experiment_rows(spec: ExperimentSpec, ledger: Ledger,

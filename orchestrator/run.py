@@ -11,7 +11,10 @@
    Ray Train run whose worker group trains them in turn); then ``claim`` and
    ``launch`` again whatever another submission held until its lease lapsed, waiting for the
    rest to settle there (``leases.wait_for_holders``). A heartbeat keeps this submission's
-   leases alive meanwhile.
+   leases alive meanwhile. With brackets that adapt (``learning_rates: {grid, extend,
+   max_points}``), ``extend_brackets`` then plans the next learning rate beyond the edge of
+   every arm whose validation optimum sits there, and those are claimed and launched in turn,
+   round after round.
 5. ``analyse``: the ledger's rows of this plan, Akima optima stored on the parent run.
 6. ``report``: the results table and the optima, printed.
 7. ``register``: the best model per (variant, size) into the MLflow registry.
@@ -29,13 +32,22 @@ from typing import Any
 import ray
 from mlflow import MlflowClient
 
+from orchestrator import brackets, leases, tracking
 from orchestrator import launch as tune
-from orchestrator import leases, tracking
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.model_registry import register_best
-from orchestrator.plan import SUMMARY_ABOVE, cells, concurrency, format_plan, format_summary, plan
+from orchestrator.plan import (
+    SUMMARY_ABOVE,
+    arm_cells,
+    cells,
+    concurrency,
+    format_plan,
+    format_summary,
+    plan,
+)
 from orchestrator.results import (
     experiment_rows,
+    finished_points,
     format_optima,
     metric_name,
     optima,
@@ -153,18 +165,21 @@ def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Book
 
 
 def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: Books,
-          owner: str, cache: bool = True) -> tuple[list[tune.Task], list[Trial]]:
-    """A ledger row per trial of ``spec``; for each unfinished trial whose lease ``owner`` gets (no
-    other live submission holds it, in this experiment or another), with ``cache`` and a FINISHED
-    row of the same trial id in another experiment, its copy (``settle_from_cache``); otherwise
-    one MLflow run (never two, even after a crash between creating the run and recording it) and
-    a Tune task. Returns the tasks, and the trials that another submission holds (each said in
-    one line)."""
+          owner: str, cache: bool = True, lr_round: int = 0,
+          ) -> tuple[list[tune.Task], list[Trial]]:
+    """A ledger row per trial of ``spec`` (with ``lr_round``, the bracket round that added their
+    learning rates); for each unfinished trial whose lease ``owner`` gets (no other live
+    submission holds it, in this experiment or another), with ``cache`` and a FINISHED row of the
+    same trial id in another experiment, its copy (``settle_from_cache``); otherwise one MLflow
+    run (never two, even after a crash between creating the run and recording it) and a Tune
+    task. Returns the tasks, and the trials that another submission holds (each said in one
+    line)."""
     tasks, held = [], []
     for trial in trials:
         row = books.ledger.ensure_trial(books.experiment_row_id, trial.trial_id,
                                         dataset=trial.dataset, variant=trial.variant,
-                                        size=trial.size, lr=trial.lr, seed=trial.seed)
+                                        size=trial.size, lr=trial.lr, seed=trial.seed,
+                                        lr_round=lr_round or None)
         lease = (None if row.status == Status.FINISHED else
                  books.ledger.acquire(row.id, owner, books.settings.lease_s))
         if lease is None or lease.status == Status.FINISHED:
@@ -190,7 +205,7 @@ def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
             tracking.find_trial_run(books.client, books.mlflow_experiment_id, trial.trial_id)
             or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
                                         books.parent_run_id, trial, spec.workload_impl.section,
-                                        prepared.metrics))
+                                        prepared.metrics, lr_round))
         tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING,
                     mlflow_run_id=run_id)
         earlier = row.checkpoint_path and books.settings.storage.path_of_uri(row.checkpoint_path)
@@ -226,6 +241,41 @@ def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings,
         return
     connect()
     tune.run_grid(spec.name, tasks, settings.storage, concurrency(spec), submitted_at)
+
+
+def train(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: Books,
+          owner: str, cache: bool, submitted_at: float, lr_round: int = 0) -> None:
+    """``claim`` and ``launch`` ``trials``, then again whatever another submission held until its
+    lease lapsed, waiting for the rest to settle there (``leases.wait_for_holders``)."""
+    pending = trials
+    while pending:
+        tasks, held = claim(spec, pending, prepared, books, owner, cache, lr_round)
+        launch(spec, tasks, books.settings, submitted_at)
+        pending = leases.wait_for_holders(books.ledger, books.experiment_row_id, held,
+                                          poll_s=min(5.0, books.settings.lease_s / 4))
+
+
+def extend_brackets(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared,
+                    books: Books, lr_round: int) -> list[Trial]:
+    """Round ``lr_round`` of the brackets that adapt (``orchestrator.brackets``): for each arm
+    of ``trials`` whose validation optimum sits at an edge of its learning rates, its trials at
+    the next learning rate beyond that edge, every seed, each arm said in one line; none for a
+    fixed grid."""
+    if spec.lr_max_points is None:
+        return []
+    rows = experiment_rows(spec, books.ledger, {t.trial_id for t in trials})
+    more = brackets.next_round(rows, finished_points(rows), spec.lr_max_points)
+    grid = arm_cells(spec, prepared.data)
+    new = []
+    for (dataset, variant, size), lrs in sorted(more.items()):
+        had = sorted({r.lr for r in rows if (r.dataset, r.variant, r.size)
+                      == (dataset, variant, size)})
+        print(f"[cemlab] learning-rate bracket, round {lr_round}: {variant}@{size} ({dataset}) "
+              f"has its validation optimum at an edge of {', '.join(f'{lr:g}' for lr in had)}: "
+              f"adding {', '.join(f'{lr:g}' for lr in lrs)} for {len(spec.seeds)} seed(s)",
+              flush=True)
+        new += [grid[(dataset, variant, size)](lr, seed) for lr in lrs for seed in spec.seeds]
+    return new
 
 
 def analyse(spec: ExperimentSpec, trials: list[Trial], books: Books,
@@ -307,12 +357,12 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str, cache: bool = True) -> 
     books = open_books(spec, spec_yaml, settings)
     owner = leases.owner_id()
     with leases.Heartbeat(books.ledger, owner, settings.lease_s):
-        pending = trials
-        while pending:
-            tasks, held = claim(spec, pending, prepared, books, owner, cache)
-            launch(spec, tasks, settings, submitted_at)
-            pending = leases.wait_for_holders(books.ledger, books.experiment_row_id, held,
-                                              poll_s=min(5.0, settings.lease_s / 4))
+        lr_round, added = 0, trials
+        while added:
+            train(spec, added, prepared, books, owner, cache, submitted_at, lr_round)
+            lr_round += 1
+            added = extend_brackets(spec, trials, prepared, books, lr_round)
+            trials = trials + added
     rows, table = analyse(spec, trials, books)
     report(spec, trials, rows, table, time.perf_counter() - started)
     done = len(rows) == len(trials) and all(r.status == Status.FINISHED for r in rows)

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -91,6 +91,41 @@ Variant = _variant_model()
 PAPER_LEARNING_RATES = [0.0005, 0.001, 0.002, 0.004, 0.008]
 
 
+def _sorted_learning_rates(lrs: list[float]) -> list[float]:
+    """``lrs`` sorted; each must be positive and distinct (else ValueError)."""
+    if any(lr <= 0 for lr in lrs):
+        raise ValueError("every learning rate must be > 0")
+    if len(set(lrs)) != len(lrs):
+        raise ValueError("learning rates must be distinct")
+    return sorted(lrs)
+
+
+class LearningRateGrid(StrictModel):
+    """``learning_rates`` as a bracket that adapts (``orchestrator.brackets``): the ``grid``,
+    and with ``extend`` an arm whose validation optimum sits at an edge of its learning rates
+    gets the next point beyond that edge (the grid's log spacing there), round after round,
+    until its optimum is interior or it has ``max_points`` learning rates."""
+
+    grid: list[float] = Field(min_length=1)
+    extend: bool = True
+    max_points: int = Field(8, gt=0)
+
+    @field_validator("grid")
+    @classmethod
+    def _sorted(cls, lrs: list[float]) -> list[float]:
+        return _sorted_learning_rates(lrs)
+
+    @model_validator(mode="after")
+    def _room_to_extend(self) -> LearningRateGrid:
+        if self.extend and len(self.grid) < 2:
+            raise _FieldError(("grid",), "extending needs at least two "
+                              "learning rates (the spacing to continue)")
+        if self.max_points < len(self.grid):
+            raise _FieldError(("max_points",), f"{self.max_points} is fewer "
+                              f"than the grid's {len(self.grid)} learning rates")
+        return self
+
+
 class ExperimentSpec(StrictModel):
     """One experiment: every dataset x size x variant x learning rate x seed is a trial, each a
     Ray Train run under Ray Tune and a nested MLflow run.
@@ -106,7 +141,8 @@ class ExperimentSpec(StrictModel):
     workload_config: SerializeAsAny[BaseModel]
     sizes: list[str] = Field(min_length=1)
     variants: dict[str, Variant] = Field(min_length=1)  # type: ignore[valid-type]
-    learning_rates: list[float] = Field(PAPER_LEARNING_RATES, min_length=1)
+    learning_rates: Annotated[list[float], Field(min_length=1)] | LearningRateGrid = \
+        PAPER_LEARNING_RATES
     seeds: list[NonNegativeInt] = Field([0], min_length=1)
     budget: BudgetConfig = BudgetConfig()
     training: TrainingConfig = TrainingConfig()
@@ -159,7 +195,7 @@ class ExperimentSpec(StrictModel):
         """Trials in the grid: datasets x sizes x variants x learning rates x seeds (counted,
         not planned)."""
         datasets = self.workload_impl.datasets(self.workload_config)
-        return (len(datasets) * len(self.sizes) * len(self.variants) * len(self.learning_rates)
+        return (len(datasets) * len(self.sizes) * len(self.variants) * len(self.lr_grid)
                 * len(self.seeds))
 
     @model_serializer(mode="wrap")
@@ -169,14 +205,37 @@ class ExperimentSpec(StrictModel):
         out[self.workload_impl.section] = out.pop("workload_config")
         return out
 
+    @field_validator("learning_rates", mode="before")
+    @classmethod
+    def _bracket(cls, value: Any) -> Any:
+        """A mapping is a ``LearningRateGrid``, its errors named under ``learning_rates``."""
+        if not isinstance(value, dict):
+            return value
+        try:
+            return LearningRateGrid.model_validate(value)
+        except ValidationError as e:
+            loc, msg = _first_error(e, value)
+            raise _FieldError(("learning_rates", loc), msg) from None
+
     @field_validator("learning_rates")
     @classmethod
-    def _positive_distinct(cls, lrs: list[float]) -> list[float]:
-        if any(lr <= 0 for lr in lrs):
-            raise ValueError("every learning rate must be > 0")
-        if len(set(lrs)) != len(lrs):
-            raise ValueError("learning rates must be distinct")
-        return sorted(lrs)
+    def _positive_distinct(cls, lrs: list[float] | LearningRateGrid,
+                           ) -> list[float] | LearningRateGrid:
+        return _sorted_learning_rates(lrs) if isinstance(lrs, list) else lrs
+
+    @property
+    def lr_grid(self) -> list[float]:
+        """The learning rates every arm trains at first (``learning_rates`` or its ``grid``),
+        ascending."""
+        lrs = self.learning_rates
+        return lrs if isinstance(lrs, list) else lrs.grid
+
+    @property
+    def lr_max_points(self) -> int | None:
+        """How many learning rates an arm may reach when its brackets extend; None when they
+        do not (a fixed grid)."""
+        lrs = self.learning_rates
+        return lrs.max_points if isinstance(lrs, LearningRateGrid) and lrs.extend else None
 
     @field_validator("seeds")
     @classmethod

@@ -20,6 +20,7 @@ ROLE_TAG = "cemlab.role"  # "experiment" (the parent run) or "trial"
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own: the UI shows it as the run's source
 SECTIONS = ("training", "optimizer", "schedule", "engine", "resources")  # a trial's, as params
+LR_ROUND_TAG = "cemlab.lr_round"  # on a trial an adapting bracket added: its round, from 1
 CODE_TAG = "cemlab.code"  # provenance.code_fingerprint(), part of every trial id
 
 
@@ -65,8 +66,9 @@ def start_parent_run(client: MlflowClient, exp_id: str, spec: ExperimentSpec,
         ROLE_TAG: "experiment", "workload": spec.workload, **provenance_tags()})
     datasets = spec.workload_impl.datasets(spec.workload_config)
     axes = {"sizes": ",".join(spec.sizes), "variants": ",".join(spec.variants),
-            "learning_rates": ",".join(f"{lr:g}" for lr in spec.learning_rates),
-            "seeds": ",".join(map(str, spec.seeds)), "datasets": ",".join(datasets)}
+            "learning_rates": ",".join(f"{lr:g}" for lr in spec.lr_grid),
+            "seeds": ",".join(map(str, spec.seeds)), "datasets": ",".join(datasets),
+            **({"lr_max_points": str(spec.lr_max_points)} if spec.lr_max_points else {})}
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in axes.items()])
     client.log_text(run.info.run_id, spec_yaml, "spec.yaml")
     return run.info.run_id
@@ -80,7 +82,7 @@ def find_trial_run(client: MlflowClient, exp_id: str, trial_id: str) -> str | No
 
 
 def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial: Trial,
-                    section: str, extra_metrics: dict[str, float]) -> str:
+                    section: str, extra_metrics: dict[str, float], lr_round: int = 0) -> str:
     """Create the trial's run, nested under the parent, with its resolved config as params and
     its parameter counts.
 
@@ -89,9 +91,11 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
     ``resources.*``, ``lr``, ``seed``, ``dataset``, ``tokens``, the
     steps and batch geometry. Tags: the trial's coordinates, ``cemlab.exact_gradient``
     (``false`` when its CEM attention steps are not the exact energy gradient,
-    ``ModelConfig.exact_gradient``) and ``provenance_tags`` (commit, code fingerprint).
-    Metrics at step 0: ``params_<role>`` for every role of ``Trial.params``,
-    ``flops_per_token`` (per example for GP; training, analytic), plus ``extra_metrics``.
+    ``ModelConfig.exact_gradient``), ``provenance_tags`` (commit, code fingerprint), and for a
+    learning rate that an adapting bracket added, ``cemlab.lr_round`` (``lr_round``: 1 for the
+    first round beyond the grid). Metrics at step 0: ``params_<role>`` for every role of
+    ``Trial.params``, ``flops_per_token`` (per example for GP; training, analytic), plus
+    ``extra_metrics``.
     Returns the run id.
     """
     tags = {TRIAL_TAG: trial.trial_id, ROLE_TAG: "trial", PARENT_TAG: parent_run_id,
@@ -99,7 +103,8 @@ def start_trial_run(client: MlflowClient, exp_id: str, parent_run_id: str, trial
             "lr": f"{trial.lr:g}", "seed": str(trial.seed),
             "attention": trial.model.attention, "mlp": trial.model.mlp,
             "cemlab.exact_gradient": str(trial.model.exact_gradient).lower(),
-            **provenance_tags()}
+            **provenance_tags(),
+            **({LR_ROUND_TAG: str(lr_round)} if lr_round else {})}
     run = client.create_run(exp_id, run_name=trial.label, tags=tags)
     params = flatten({"model": trial.model.to_dict(), section: trial.config.model_dump(),
                       **{name: getattr(trial, name).model_dump() for name in SECTIONS}})

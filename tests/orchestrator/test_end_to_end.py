@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 from orchestrator.analysis import akima_optimum
 from orchestrator.ledger import Ledger, Status
 from orchestrator.spec import parse_spec
-from orchestrator.tracking import CODE_TAG, COMMIT_TAG
+from orchestrator.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
 from workloads.core.architecture import CEM_BEST
@@ -677,6 +677,27 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
     assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
     assert copied.data.metrics["time/total_s"] == 0.0
     assert "(cached)" in orchestrator(env, "status", str(path)).stdout
+
+    # a bracket that adapts: with two learning rates each seed's validation optimum lies at one
+    # of them (a straight line between two points), so round 1 adds the next point beyond that
+    # edge; max_points 3 ends it there. (t1, 0.004, seed 0) is the first experiment's, copied.
+    adapts = {**spec, "name": "gp-e2e-brackets", "variants": {"t1": {"mlp_steps": 1}},
+              "seeds": [0], "learning_rates": {"grid": [0.002, 0.004], "max_points": 3}}
+    path = write_spec(tmp_path, adapts)
+    plan = orchestrator(env, "plan", str(path), "--no-calibrate")
+    assert "up to 3 per arm: at most 1 more trial(s)" in plan.stdout, plan.stdout
+    proc = orchestrator(env, "run", str(path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_lr = {r.lr: r for r in ledger.trials(ledger.experiment("gp-e2e-brackets").id)}
+    added = 0.008 if by_lr[0.004].val_metric < by_lr[0.002].val_metric else 0.001
+    assert sorted(by_lr) == sorted([0.002, 0.004, added])
+    assert {r.status for r in by_lr.values()} == {Status.FINISHED}
+    assert [by_lr[lr].lr_round for lr in (0.002, 0.004, added)] == [None, None, 1]
+    assert ("round 1: t1@gp-small (gp-rbf) has its validation optimum at an edge of 0.002, "
+            f"0.004: adding {added:g} for 1 seed(s)") in proc.stdout, proc.stdout[-3000:]
+    assert "round 2" not in proc.stdout  # at max_points
+    assert client.get_run(by_lr[added].mlflow_run_id).data.tags["cemlab.lr_round"] == "1"
+    assert LR_ROUND_TAG not in client.get_run(by_lr[0.002].mlflow_run_id).data.tags
 
 
 def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(services):

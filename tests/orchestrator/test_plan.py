@@ -56,6 +56,23 @@ def test_grid_is_sizes_x_variants_x_lrs_x_seeds_under_a_chinchilla_budget():
         assert cem.budget.flops > llama.budget.flops  # T = 2 attention costs more per token
 
 
+def test_a_bracket_that_adapts_plans_its_grid_and_says_how_far_it_may_extend():
+    """``learning_rates: {grid, max_points}`` plans the grid alone (an extension is decided on
+    validation, during the run); ``plan`` says how far: (max_points - grid) x arms x seeds."""
+    spec = parse_spec({**GRID, "learning_rates": {"grid": [0.004, 0.001, 0.002],
+                                                  "max_points": 5}})
+    fixed = parse_spec({**GRID, "learning_rates": [0.001, 0.002, 0.004]})
+    assert spec.lr_grid == [0.001, 0.002, 0.004] and spec.lr_max_points == 5
+    assert fixed.lr_max_points is None
+    assert [t.trial_id for t in plan(spec)] == [t.trial_id for t in plan(fixed)]
+    head = format_plan(spec, plan(spec)).splitlines()[1]
+    arms = 2 * 2  # sizes x variants
+    assert head == ("learning rates adapt: an arm whose validation optimum sits at an edge of "
+                    "0.001..0.004 gets the next point beyond it (a factor 2 below, 2 above), "
+                    f"round after round, up to 5 per arm: at most {2 * arms * 2} more trial(s)")
+    assert "adapt" not in format_plan(fixed, plan(fixed))
+
+
 def test_a_budget_scale_per_size_scales_each_size_s_chinchilla_budget():
     spec = parse_spec({**GRID, "budget": {"budget_scale": {"nano": 1.0, "micro": 0.25}},
                        "training": {"batch_size": 16}})
