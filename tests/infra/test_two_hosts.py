@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, RAY_CLUSTER,
               pytest.mark.skipif(missing_requirement() is not None,
                                  reason=missing_requirement() or "")]
 
-STEPS = 160
+STEPS = 100
 SPEC = {"name": "two-hosts", "data": {"source": "shakespeare", "vocab_size": 512},
         "sizes": ["nano"], "variants": {"llama": {}}, "learning_rates": [0.004],
         "budget": {"tokens": STEPS * 16 * 64},
