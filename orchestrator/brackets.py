@@ -29,7 +29,7 @@ def next_round(rows: list[TrialRow], points: list[Point], max_points: int,
     """Per arm, the learning rates to add this round (arms needing none left out).
 
     ``rows``: every ledger row of the arms planned so far, whatever their status (a learning
-    rate whose trial failed still counts as trained, so a diverged edge is not tried again);
+    rate whose trial failed still counts as trained, so a diverged edge is not planned again);
     ``points``: the finished ones. An arm extends at an end when any seed's validation optimum
     lies at that end of the arm's learning rates."""
     planned: dict[Arm, set[float]] = defaultdict(set)

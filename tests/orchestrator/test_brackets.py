@@ -49,7 +49,7 @@ def test_seeds_at_opposite_edges_extend_both_ends_within_the_cap():
     assert next_round(rows, points, max_points=3) == {}
 
 
-def test_a_failed_learning_rate_beyond_the_edge_counts_as_tried():
+def test_a_failed_learning_rate_beyond_the_edge_counts_as_planned():
     """The optimum sits at the best finished LR, but the next one up was planned and failed
     (diverged): it is not planned again, and nothing lies beyond it."""
     rows, points = _arm("llama", {0.001: [3.0], 0.002: [2.0]}, failed=(0.004,))
