@@ -1,10 +1,10 @@
 """CEM Lab dashboard: ``make dashboard`` serves it on 127.0.0.1 (settings in
 ``.streamlit/config.toml``).
 
-Seven read-only pages over MLflow and the ledger: the overview of every experiment with live
+Eight read-only pages over MLflow and the ledger: the overview of every experiment with live
 progress, comparisons across experiments with power-law fits, the paper's figures, the
-learning-rate sweeps (optima chosen on validation), training curves, energy diagnostics and
-the model registry. It never writes to MLflow or the ledger.
+learning-rate sweeps (optima chosen on validation), training curves, energy diagnostics,
+test-time recursion and the model registry. It never writes to MLflow or the ledger.
 """
 
 from __future__ import annotations

@@ -10,5 +10,6 @@ PAGES = [
     ("sweeps.py", "Learning-rate sweeps", ":material/tune:"),
     ("curves.py", "Training curves", ":material/show_chart:"),
     ("energy_diagnostics.py", "Energy diagnostics", ":material/bolt:"),
+    ("recursion.py", "Test-time recursion", ":material/repeat:"),
     ("model_registry.py", "Registry", ":material/inventory_2:"),
 ]

@@ -13,8 +13,10 @@ test perplexity is
 with N its non-embedding parameters and ``s = 1 / (1 - CEM_SAVING)`` for variants with a CEM
 sublayer, ``s = 1`` for Llama: CEM reaches Llama's perplexity with exactly ``CEM_SAVING`` fewer
 non-embedding parameters, a truth the Compare page's fit must recover. Validation perplexity is
-``VAL_OFFSET`` above test. The tests (``tests/dashboards``), the browser test and this benchmark
-share it.
+``VAL_OFFSET`` above test. A CEM trial of the scaling spec also has test-time recursion
+(``training.eval_steps``): at T_eval steps its perplexity is ``L * (1 + RECURSION_COST *
+|log2(T_eval / T_train)|)`` with eta per step kept, half that excess with eta scaled. The tests
+(``tests/dashboards``), the browser test and this benchmark share it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ LR_OPT = 0.002  # the synthetic optimum: the middle of the paper's grid 0.0005-0
 LR_CURVATURE = 0.04
 VAL_OFFSET = 0.01  # validation perplexity = test * (1 + VAL_OFFSET)
 NOISE = 0.002  # relative seed-to-seed noise of the metrics
+RECURSION_COST = 0.05  # relative perplexity excess per doubling of T_eval away from T_train
+EVAL_STEPS = [1, 2, 4, 8]
 FAILED_ERROR = "RuntimeError: worker 0 on node 10.0.0.7 died (synthetic)"
 PAPER_SPECS = ("fig2a-cpu", "fig3a-cpu", "fig3b-cpu", "fig4-cpu", "gp-table-cpu")
 
@@ -58,7 +62,7 @@ def scaling_spec(seeds: int = 3, lrs: tuple[float, ...] = (0.002,),
         "variants": {v: kinds[v] for v in variants}, "learning_rates": list(lrs),
         "seeds": list(range(seeds)),
         "budget": {"tokens_per_param": 20, "budget_scale": 0.05},
-        "training": {"energy_diagnostics": True}})
+        "training": {"energy_diagnostics": True, "eval_steps": EVAL_STEPS}})
 
 
 def is_cem(trial: Trial) -> bool:
@@ -123,6 +127,21 @@ def _diagnostics(trial: Trial, step: int) -> list[Metric]:
     return out
 
 
+def recursion_perplexity(trial: Trial, test: float, t_eval: int, rule: str) -> float:
+    """The law of the module docstring for a CEM trial of test perplexity ``test`` at T_eval
+    (``rule``: ``kept`` or ``scaled``)."""
+    t_train = trial.model.attn_steps if trial.model.attention == "cem" else trial.model.mlp_steps
+    cost = RECURSION_COST * (1.0 if rule == "kept" else 0.5)
+    return test * (1 + cost * abs(math.log2(t_eval / t_train)))
+
+
+def _test_time(trial: Trial, test: float) -> list[Metric]:
+    now = int(time.time() * 1000)
+    return [Metric(f"test_time/T{t}_{rule}/perplexity",
+                   recursion_perplexity(trial, test, t, rule), now, trial.steps)
+            for t in trial.training.eval_steps for rule in ("kept", "scaled")]
+
+
 def _final_metrics(trial: Trial, rng: np.random.Generator) -> list[Metric]:
     now = int(time.time() * 1000)
     noise = float(rng.normal(0, NOISE))
@@ -177,6 +196,8 @@ def seed_experiment(client: MlflowClient, ledger: Ledger, spec: ExperimentSpec, 
             values = {m.key: m.value for m in final}
             metrics += _history(trial, values["test_perplexity"], values["val_perplexity"],
                                 history)
+            if is_cem(trial) and trial.training.eval_steps:
+                metrics += _test_time(trial, values["test_perplexity"])
         for start in range(0, len(metrics), 1000):
             client.log_batch(run_id, metrics=metrics[start:start + 1000])
         client.set_terminated(run_id, "FINISHED")

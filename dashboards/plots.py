@@ -168,3 +168,19 @@ def recursion_gains(pairs: pd.DataFrame, title: str) -> go.Figure:
                  labels={"where": "setting · size", "test": "test perplexity"}, title=title)
     fig.update_yaxes(type="log")
     return fig
+
+
+def recursion_curves(frame: pd.DataFrame, title: str) -> go.Figure:
+    """Test perplexity against the recursion steps at evaluation (log2 axis), a line per run
+    (``label``) and step-size rule (``rule``: solid kept, dashed scaled), the trained T
+    marked on each run's line (``trained``: True at T_train with eta as trained)."""
+    fig = px.line(frame, x="t_eval", y="perplexity", color="label", line_dash="rule",
+                  line_dash_map={"kept": "solid", "scaled": "dash"}, markers=True,
+                  labels={"t_eval": "recursion steps at evaluation (T_eval)",
+                          "perplexity": "test perplexity", "label": "run"}, title=title)
+    trained = frame[frame["trained"]]
+    fig.add_trace(go.Scatter(x=trained["t_eval"], y=trained["perplexity"], mode="markers",
+                             marker={"symbol": "star", "size": 14, "color": "black"},
+                             name="as trained"))
+    fig.update_xaxes(type="log", tickvals=sorted(frame["t_eval"].unique()))
+    return fig

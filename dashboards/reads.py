@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -247,6 +248,32 @@ def diagnostics(uri: str, run_id: str) -> pd.DataFrame:
                          "step": int(parts[3].removeprefix("step")), "value": value})
     return pd.DataFrame(rows, columns=["kind", "sublayer", "layer", "step", "value"]).sort_values(
         ["kind", "sublayer", "layer", "step"], ignore_index=True)
+
+
+TEST_TIME = re.compile(r"^test_time/T(\d+)_(kept|scaled)/perplexity$")
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def recursion_perplexities(uri: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
+    """The test-time recursion perplexities (``training.eval_steps``,
+    ``workloads.lm.recursion``) of the runs ``run_ids``: columns ``run_id, t_eval, rule``
+    (``kept``: eta per step as trained; ``scaled``: eta x T_train / T_eval), ``perplexity``
+    and ``t_train`` (the CEM attention's steps, else the CEM MLP's); empty where none logged
+    them."""
+    client = MlflowClient(uri)
+    rows = []
+    for run_id in run_ids:
+        run = client.get_run(run_id)
+        params, tags = run.data.params, run.data.tags
+        sublayer = "attn" if tags.get("attention") == "cem" else "mlp"
+        t_train = int(params.get(f"model.{sublayer}_steps", 0))
+        for key, value in run.data.metrics.items():
+            found = TEST_TIME.match(key)
+            if found:
+                rows.append({"run_id": run_id, "t_eval": int(found[1]), "rule": found[2],
+                             "perplexity": value, "t_train": t_train})
+    return pd.DataFrame(rows, columns=["run_id", "t_eval", "rule", "perplexity", "t_train"]
+                        ).sort_values(["run_id", "rule", "t_eval"], ignore_index=True)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -271,8 +271,28 @@ class ExperimentSpec(StrictModel):
                     models[name, size] = variant.resolve(size)
                 except (ValueError, TypeError) as e:
                     raise _FieldError(("variants", name), f"{e} (size {size})") from None
+        self._recursion_runs(models)
         self._fits_gpus(models)
         return self
+
+    def _recursion_runs(self, models: dict[tuple[str, str], ModelConfig]) -> None:
+        """Refuse ``training.eval_steps`` that no variant can use (no CEM sublayer) or that a
+        variant's config refuses at some T_eval (e.g. step-scope momentum at T = 1)."""
+        steps = self.training.eval_steps
+        if not steps:
+            return
+        cem = {key: m for key, m in models.items() if "cem" in (m.attention, m.mlp)}
+        if not cem:
+            raise _FieldError(("training", "eval_steps"), "no variant has a CEM sublayer to "
+                              "run at other recursion steps")
+        for (name, size), m in cem.items():
+            for t in steps:
+                try:
+                    dataclasses.replace(m, attn_steps=t if m.attention == "cem" else m.attn_steps,
+                                        mlp_steps=t if m.mlp == "cem" else m.mlp_steps)
+                except ValueError as e:
+                    raise _FieldError(("training", "eval_steps"),
+                                      f"T_eval {t}: {e} (variant {name}, size {size})") from None
 
     def _fits_gpus(self, models: dict[tuple[str, str], ModelConfig]) -> None:
         """Refuse a trial whose estimated memory per GPU (``Workload.memory`` at the spec's

@@ -115,6 +115,30 @@ def test_energy_heatmaps_hold_the_logged_energies(seeded_store, monkeypatch):
         lambda r: r["value"] == -1.0 - r["step"] / (r["layer"] + 1), axis=1).all()
 
 
+def test_recursion_page_draws_the_best_cem_runs_at_every_t_eval_as_logged(seeded_store,
+                                                                          monkeypatch):
+    """Perplexity against T_eval for the best CEM run of each size (the default pick), both
+    step-size rules, each value the seeded law: ``page_bench.recursion_perplexity`` of the run's
+    own test perplexity (T_train 1: kept at T=1 is the run as trained)."""
+    at = page(monkeypatch, seeded_store.uri, "recursion.py", recursion_exp="scaling-synthetic")
+    assert len(at.get("plotly_chart")) == 1
+    table = at.dataframe[0].value
+    cem = {t.label: t for t in seeded_store.seeded.trials["scaling-synthetic"]
+           if t.variant == "cem"}
+    assert len(table) == len({t.size for t in cem.values()}) == 4  # one run of each size
+    assert list(table.columns) == [f"{rule} T={t}" for rule in ("kept", "scaled")
+                                   for t in page_bench.EVAL_STEPS]
+    for label, row in table.iterrows():
+        trial = cem[label]
+        test = row["kept T=1"]  # T_train = 1, eta as trained: the run's test perplexity
+        for rule in ("kept", "scaled"):
+            for t in page_bench.EVAL_STEPS:
+                assert row[f"{rule} T={t}"] == pytest.approx(
+                    page_bench.recursion_perplexity(trial, test, t, rule), rel=1e-12)
+        assert row["kept T=8"] == pytest.approx(test * 1.15) and (
+            row["scaled T=8"] == pytest.approx(test * 1.075))
+
+
 def test_registry_lists_versions_aliases_and_the_eval(seeded_store, monkeypatch):
     at = page(monkeypatch, seeded_store.uri, "model_registry.py")
     versions = at.dataframe[0].value
@@ -150,7 +174,7 @@ def test_no_page_writes_to_mlflow_or_the_ledger(seeded_store, monkeypatch):
     path = seeded_store.uri.removeprefix("sqlite:///")
     before = _dump(path)
     for script in ("overview.py", "compare.py", "paper.py", "sweeps.py", "curves.py",
-                   "energy_diagnostics.py", "model_registry.py"):
+                   "energy_diagnostics.py", "recursion.py", "model_registry.py"):
         page(monkeypatch, seeded_store.uri, script)
     assert _dump(path) == before
 
@@ -158,7 +182,7 @@ def test_no_page_writes_to_mlflow_or_the_ledger(seeded_store, monkeypatch):
 def test_an_empty_store_says_what_is_missing_on_every_page(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for script in ("overview.py", "compare.py", "sweeps.py", "curves.py", "energy_diagnostics.py",
-                   "model_registry.py"):
+                   "recursion.py", "model_registry.py"):
         at = page(monkeypatch, uri, script)
         assert at.info, script
     import sqlalchemy as sa

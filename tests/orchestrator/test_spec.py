@@ -44,6 +44,13 @@ def demo_with(tmp_path: Path, patch) -> Path:
      "data.paths: no corpus file matches '/nonexistent/*.txt'"),
     (lambda d: d["training"].update(batch_size=15), "training.batch_size: 15 is not a multiple"),
     (lambda d: d.update(learning_rates=[0.001, -0.1]), "learning_rates: every learning rate"),
+    (lambda d: d["training"].update(eval_steps=[2, 0]),
+     "training.eval_steps: recursion steps must be distinct integers >= 1"),
+    (lambda d: (d["training"].update(eval_steps=[1, 4]), d.update(variants={"llama": {}})),
+     "training.eval_steps: no variant has a CEM sublayer to run at other recursion steps"),
+    (lambda d: (d["training"].update(eval_steps=[1, 4]), d["variants"]["cem"].update(
+        update="momentum", attn_steps=2)),
+     "training.eval_steps: T_eval 1: update 'momentum' with momentum_scope 'step'"),
     (lambda d: d.update(learning_rates={"grid": [0.001]}),
      "learning_rates.grid: extending needs at least two learning rates"),
     (lambda d: d.update(learning_rates={"grid": [0.001, 0.002, 0.004], "max_points": 2}),

@@ -63,6 +63,17 @@ class TrainingConfig(StrictModel):
     energy_diagnostics: bool = Field(
         False, description="log per-layer per-step energies, descent, update norms, attention "
         "entropies and preconditioner eigenvalues")
+    eval_steps: list[int] = Field(
+        default_factory=list, description="test-time recursion: after training, the test split "
+        "again with every CEM sublayer at each of these numbers of steps T_eval, eta per step "
+        "as trained and scaled by T_train / T_eval (workloads.lm.recursion)")
+
+    @field_validator("eval_steps")
+    @classmethod
+    def _distinct_positive(cls, steps: list[int]) -> list[int]:
+        if any(t < 1 for t in steps) or len(set(steps)) != len(steps):
+            raise ValueError("recursion steps must be distinct integers >= 1")
+        return sorted(steps)
 
 
 class OptimizerConfig(StrictModel):
@@ -137,7 +148,8 @@ MOVED = {**{k: f"budget.{k}" for k in BudgetConfig.model_fields},
          **{k: f"engine.{k}" for k in EngineConfig.model_fields}}
 
 # Trainer options and logging that do not change what a trial computes: out of its identity.
-NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics"})
+NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics",
+                         "eval_steps"})
 
 
 def science(budget: BudgetConfig, training: TrainingConfig, optimizer: OptimizerConfig,

@@ -30,6 +30,7 @@ from workloads.lm.data import CorpusConfig, PackedSequences, PreparedCorpus, pre
 from workloads.lm.memory import MemoryEstimate, trial_memory
 from workloads.lm.model_card import model_card
 from workloads.lm.package import CONFIG, PACKAGE, TOKENIZER, WEIGHTS, load_decoder
+from workloads.lm.recursion import test_time_metrics
 from workloads.models import build_model, flops_per_token, next_token_loss, parameter_counts
 from workloads.models.decoder import DecoderLM
 from workloads.models.diagnostics import energy_diagnostics
@@ -95,10 +96,11 @@ def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], dataset: PackedS
     return nll_sum.item(), count
 
 
-def evaluate(engine: Engine, session: Session, dataset: PackedSequences, batch_size: int,
-             max_sequences: int | None = None) -> tuple[float, int]:
+def evaluate(engine: Engine | DecoderLM, session: Session, dataset: PackedSequences,
+             batch_size: int, max_sequences: int | None = None) -> tuple[float, int]:
     """Summed next-token NLL (nats) and token count over ``dataset``, across all ranks, without
-    gradients (the models' no-grad paths: no graph is kept), ``batch_size`` sequences a pass.
+    gradients (the models' no-grad paths: no graph is kept), ``batch_size`` sequences a pass,
+    of the ``engine``'s model or of a whole ``DecoderLM`` held by every rank.
 
     At most ``max_sequences`` sequences, evenly spaced through the split. Every rank runs the
     same number of forward passes (a short shard is padded with masked-out sequences), as ZeRO-3
@@ -110,12 +112,12 @@ def evaluate(engine: Engine, session: Session, dataset: PackedSequences, batch_s
     per_rank = math.ceil(n / world)
     mine = chosen[rank::world]
     mine = mine + [-1] * (per_rank - len(mine))  # -1: padding, not counted
+    device = engine.device if isinstance(engine, Engine) else next(engine.parameters()).device
     engine.eval()
     with torch.no_grad():
-        nll, count = sequence_nll(engine, dataset, mine, batch_size, engine.device)
+        nll, count = sequence_nll(engine, dataset, mine, batch_size, device)
     engine.train()
-    totals = session.all_reduce(torch.tensor([nll, count], dtype=torch.float64,
-                                             device=engine.device))
+    totals = session.all_reduce(torch.tensor([nll, count], dtype=torch.float64, device=device))
     return totals[0].item(), int(totals[1].item())
 
 
@@ -227,7 +229,8 @@ class LanguageModelTask(Task):
 
     Validation: ``val_loss``, ``val_perplexity`` on ``training.eval_sequences`` sequences (with
     ``energy_diagnostics`` also per-layer per-step energies and preconditioner eigenvalues,
-    logged alone); test: ``test_loss``, ``test_perplexity``, ``test_tokens`` on the whole split.
+    logged alone); test: ``test_loss``, ``test_perplexity``, ``test_tokens`` on the whole split,
+    and with ``eval_steps`` the test-time recursion metrics (``workloads.lm.recursion``).
     """
 
     backend, unit = "deepspeed", "tokens"
@@ -270,8 +273,23 @@ class LanguageModelTask(Task):
                           self.trial.micro_batch_size * self.trial.grad_accum,
                           self.trial.training.eval_sequences if validation else None)
         prefix = "val" if validation else "test"
-        return {f"{prefix}_loss": nll / n, f"{prefix}_perplexity": math.exp(nll / n),
-                **({} if validation else {"test_tokens": n})}
+        out = {f"{prefix}_loss": nll / n, f"{prefix}_perplexity": math.exp(nll / n),
+               **({} if validation else {"test_tokens": n})}
+        if not validation and self.trial.training.eval_steps:
+            out.update(self._test_time(engine))
+        return out
+
+    def _test_time(self, engine: Engine) -> dict[str, float]:
+        """``workloads.lm.recursion.test_time_metrics`` of the trained model on the test split
+        (the energies on its first micro-batch of sequences). A collective."""
+        model = engine.full_model(self.build_model).eval()
+        test_set = self.splits["test"]
+        x = torch.stack([test_set[i][0]
+                         for i in range(min(self.trial.micro_batch_size, len(test_set)))])
+        batch = self.trial.micro_batch_size * self.trial.grad_accum
+        return test_time_metrics(
+            model, self.trial.training.eval_steps, x.to(engine.device),
+            lambda m: evaluate(m, self.session, test_set, batch))
 
     def diagnostics(self, engine: Engine) -> dict[str, float]:
         if not self.trial.training.energy_diagnostics:
