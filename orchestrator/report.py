@@ -164,6 +164,17 @@ def missing_trials(spec: ExperimentSpec, ledger: Ledger) -> list[Trial]:
     return [t for t in plan(spec) if (t.dataset, t.variant, t.size, t.lr, t.seed) not in done]
 
 
+def lr_protocol(spec: ExperimentSpec) -> str:
+    """How a claim's spec sets each arm's learning rate: ``fixed at 0.002 (not chosen)`` for a
+    grid of one, ``own optimum on 0.0005..0.008 (5)`` for a fixed grid, and ``own optimum on
+    0.001..0.004 (3), adapting to 8`` for a bracket that adapts."""
+    lrs = spec.lr_grid
+    if len(lrs) == 1:
+        return f"fixed at {lrs[0]:g} (not chosen)"
+    bracket = f", adapting to {spec.lr_max_points}" if spec.lr_max_points else ""
+    return f"own optimum on {lrs[0]:g}..{lrs[-1]:g} ({len(lrs)}){bracket}"
+
+
 def _pm(xs: list[float], fmt: str) -> str:
     std = statistics.stdev(xs) if len(xs) > 1 else 0.0
     return f"{fmt.format(statistics.fmean(xs))} ± {fmt.format(std)}"
@@ -282,10 +293,10 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
         "interval lies inside the claim's equivalence margin; underpowered otherwise; a claim "
         "whose comparisons disagree is mixed (the formulas: `docs/statistics.md`).",
         "",
-        "| claim | verdict | paper |",
-        "|---|---|---|",
-        *[f"| ({r.claim.key}) {r.claim.title} | **{r.verdict}** | {r.claim.source} |"
-          for r in results],
+        "| claim | verdict | learning rate | paper |",
+        "|---|---|---|---|",
+        *[f"| ({r.claim.key}) {r.claim.title} | **{r.verdict}** | {lr_protocol(r.spec)} | "
+          f"{r.claim.source} |" for r in results],
         "",
         *(["Test metric against training tokens (the ladder's claims):", "",
            "![tokens](ladder.png)", ""] if ladder else []),
@@ -293,7 +304,8 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
     for r in results:
         lines += [f"## ({r.claim.key}) {r.claim.title}", "",
                   f"> {r.claim.quote} ({r.claim.source})", "",
-                  f"Spec `{r.spec.name}`; verdict **{r.verdict}**.", "",
+                  f"Spec `{r.spec.name}`; verdict **{r.verdict}**; learning rate: "
+                  f"{lr_protocol(r.spec)}.", "",
                   *[f"- Incomplete: {line}." for line in r.incomplete],
                   *[f"- At a grid edge: {line}." for line in r.at_edge],
                   *([""] if r.incomplete or r.at_edge else [])]

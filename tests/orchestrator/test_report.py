@@ -15,6 +15,7 @@ from orchestrator.report import (
     claim_spec_path,
     evaluate,
     ladder_figure,
+    lr_protocol,
     missing_trials,
     write_report,
 )
@@ -177,12 +178,25 @@ def test_the_report_and_its_figures_are_written(tmp_path):
                            (Comparison("a", "b"),)), spec, ledger)
     path = write_report([done, empty], tmp_path / "out", "cpu", "experiments/paper/")
     text = path.read_text()
-    assert "| (x) CEM beats Llama | **supports** | Sec. 0 |" in text
-    assert "| (y) Nothing yet | **not run** | Sec. 1 |" in text
+    grid = f"own optimum on {LRS[0]:g}..{LRS[-1]:g} ({len(LRS)})"
+    assert f"| (x) CEM beats Llama | **supports** | {grid} | Sec. 0 |" in text
+    assert f"| (y) Nothing yet | **not run** | {grid} | Sec. 1 |" in text
+    assert f"Spec `claims`; verdict **supports**; learning rate: {grid}." in text
     assert "> It does. (Sec. 0)" in text and "-11.0% ± 1.0%" in text
     assert "python -m orchestrator run experiments/paper/claims.yaml" in text
     assert (tmp_path / "out" / "claim-x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "out" / "claim-y.png").exists()
+
+
+def test_the_report_says_how_each_claim_sets_its_learning_rates():
+    base = {"name": "claims", "sizes": ["nano"], "variants": {"llama": {}}}
+    assert lr_protocol(parse_spec({**base, "learning_rates": [0.002]})) == (
+        "fixed at 0.002 (not chosen)")
+    assert lr_protocol(parse_spec({**base, "learning_rates": [0.001, 0.002, 0.004]})) == (
+        "own optimum on 0.001..0.004 (3)")
+    assert lr_protocol(parse_spec({**base, "learning_rates": {
+        "grid": [0.001, 0.002, 0.004], "max_points": 6}})) == (
+        "own optimum on 0.001..0.004 (3), adapting to 6")
 
 
 def test_report_without_runs_marks_every_claim_not_run(tmp_path, monkeypatch, capsys):
