@@ -258,15 +258,17 @@ def recursion_perplexities(uri: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
     """The test-time recursion perplexities (``training.eval_steps``,
     ``workloads.lm.recursion``) of the runs ``run_ids``: columns ``run_id, t_eval, rule``
     (``kept``: eta per step as trained; ``scaled``: eta x T_train / T_eval), ``perplexity``
-    and ``t_train`` (the CEM attention's steps, else the CEM MLP's); empty where none logged
-    them."""
+    and ``t_train`` (the steps its CEM sublayers trained at; 0 where they differ, and no
+    setting is the model as trained); empty where none logged them."""
     client = MlflowClient(uri)
     rows = []
     for run_id in run_ids:
         run = client.get_run(run_id)
         params, tags = run.data.params, run.data.tags
-        sublayer = "attn" if tags.get("attention") == "cem" else "mlp"
-        t_train = int(params.get(f"model.{sublayer}_steps", 0))
+        trained = {int(params.get(f"model.{sub}_steps", 0))
+                   for sub, kind in (("attn", "attention"), ("mlp", "mlp"))
+                   if tags.get(kind) == "cem"}
+        t_train = trained.pop() if len(trained) == 1 else 0  # 0: its CEM sublayers differ
         for key, value in run.data.metrics.items():
             found = TEST_TIME.match(key)
             if found:

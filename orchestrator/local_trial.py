@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from orchestrator.plan import batch_geometry, plan
 from orchestrator.spec import ExperimentSpec, SpecError, load_spec, parse_spec
 from workloads.core.architecture import PRESETS
-from workloads.core.config import EngineConfig
+from workloads.core.config import EngineConfig, deep_merged
 from workloads.core.paths import Paths
 from workloads.core.trial import Job
 
@@ -139,16 +139,19 @@ def with_steps(job: Job, steps: int) -> Job:
 def with_engine_options(job: Job, zero_stage: int | None, compiles: str | None,
                         deepspeed: dict | None = None) -> Job:
     """``job`` with ``engine.zero_stage`` and ``engine.compile`` replaced where given
-    (``compiles``: ``auto``, ``true`` or ``false``) and ``deepspeed`` merged over
-    ``engine.deepspeed``; none of it is part of a trial's identity.
+    (``compiles``: ``auto``, ``true`` or ``false``) and ``deepspeed`` merged key by key over
+    ``engine.deepspeed``, for this in-process run: the trial keeps its planned id.
 
     Raises:
-        SpecError: ``deepspeed`` sets a key another engine field owns (one line).
+        SpecError: ``deepspeed`` is not a mapping, or sets a key another engine field owns (one
+            line).
     """
+    if deepspeed is not None and not isinstance(deepspeed, dict):
+        raise SpecError("--deepspeed: give a JSON object of DeepSpeed config keys")
     update = {**({"zero_stage": zero_stage} if zero_stage is not None else {}),
               **({"compile": {"true": True, "false": False}.get(compiles, compiles)}
                  if compiles is not None else {}),
-              **({"deepspeed": {**job.trial.engine.deepspeed, **deepspeed}}
+              **({"deepspeed": deep_merged(job.trial.engine.deepspeed, deepspeed)}
                  if deepspeed else {})}
     if not update:
         return job
@@ -174,6 +177,8 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     job = spec_job(spec, args.trial or "0", str(Paths().data_dir), args.spec or args.preset)
     if args.spec and args.steps:
         job = with_steps(job, args.steps)
+    if args.deepspeed is not None and args.engine != "deepspeed":
+        raise SpecError("--deepspeed configures the DeepSpeed engine: add --engine deepspeed")
     job = with_engine_options(job, args.zero_stage, args.compile, args.deepspeed)
     t = job.trial
     print(f"{t.label} ({t.workload}, {t.dataset}): {t.steps} steps, {t.tokens:,} "

@@ -47,7 +47,7 @@ def trial_ids(spec: ExperimentSpec, model: ModelConfig, dataset: str, tokens: in
     without them is serialized once, and each call only splices its two numbers in (planning
     a grid of 100,000s of trials takes seconds)."""
     training = science(spec.budget, spec.training, spec.optimizer, spec.schedule,
-                       planned_engine(spec).precision)
+                       planned_engine(spec).precision, spec.engine.deepspeed)
     identity = {"workload": spec.workload, "dataset": dataset, "model": model.to_dict(),
                 "data": spec.workload_impl.identity(spec.workload_config, data),
                 "training": training, "lr": _LR, "seed": _SEED, "tokens": tokens,

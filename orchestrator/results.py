@@ -4,11 +4,14 @@ parent run and printed; progress by status."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from orchestrator.analysis import Point, optima_table
+from orchestrator.brackets import reachable, same_lr
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
@@ -30,11 +33,14 @@ def short_metric(spec: ExperimentSpec) -> str:
 def in_grid(spec: ExperimentSpec, datasets: list[str], row: TrialRow) -> bool:
     """Whether a ledger row lies on the spec's current grid of ``datasets`` (a spec edited to a
     smaller grid keeps its old rows in the ledger, outside the analysis); with brackets that
-    extend, a learning rate that a round added (``lr_round``) counts as the grid's."""
+    extend, a learning rate that a round added (``lr_round``) counts as the grid's where the
+    grid's brackets can reach it (``brackets.reachable``)."""
+    grid = spec.lr_grid
+    if row.lr_round and spec.lr_max_points:
+        grid = [*grid, *reachable(grid, spec.lr_max_points)]
     return (row.dataset in datasets and row.variant in spec.variants
             and row.size in spec.sizes and row.seed in spec.seeds
-            and (any(abs(row.lr - lr) <= 1e-12 * lr for lr in spec.lr_grid)
-                 or bool(row.lr_round and spec.lr_max_points)))
+            and any(same_lr(row.lr, lr) for lr in grid))
 
 
 def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
@@ -53,11 +59,13 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
 
 
 def finished_points(rows: list[TrialRow]) -> list[Point]:
-    """The finished rows as ``Point``s (those finished before validation metrics were recorded
-    have none, and are left out)."""
+    """The finished rows as ``Point``s, those with finite validation and test metrics: a trial
+    finished before validation metrics were recorded has none, and one that diverged (NaN or
+    infinite metrics) chooses nothing; both are left out."""
     return [Point(r.dataset, r.variant, r.size, r.seed, r.lr, r.val_metric, r.metric)
             for r in rows if r.status == Status.FINISHED and r.metric is not None
-            and r.val_metric is not None]
+            and r.val_metric is not None and math.isfinite(r.metric)
+            and math.isfinite(r.val_metric)]
 
 
 def optima(spec: ExperimentSpec, rows: list[TrialRow]) -> list[dict]:

@@ -120,7 +120,7 @@ class LearningRateGrid(StrictModel):
         if self.extend and len(self.grid) < 2:
             raise _FieldError(("grid",), "extending needs at least two "
                               "learning rates (the spacing to continue)")
-        if self.max_points < len(self.grid):
+        if self.extend and self.max_points < len(self.grid):
             raise _FieldError(("max_points",), f"{self.max_points} is fewer "
                               f"than the grid's {len(self.grid)} learning rates")
         return self
@@ -214,8 +214,12 @@ class ExperimentSpec(StrictModel):
         try:
             return LearningRateGrid.model_validate(value)
         except ValidationError as e:
-            loc, msg = _first_error(e, value)
-            raise _FieldError(("learning_rates", loc), msg) from None
+            err = e.errors()[0]
+            inner = (err.get("ctx") or {}).get("error")
+            loc, msg = ((inner.loc, inner.msg) if isinstance(inner, _FieldError) else
+                        (err["loc"], "unknown key" if err["type"] == "extra_forbidden"
+                         else err["msg"].removeprefix("Value error, ")))
+            raise _FieldError(("learning_rates", *map(str, loc)), msg) from None
 
     @field_validator("learning_rates")
     @classmethod

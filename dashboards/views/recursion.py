@@ -24,8 +24,8 @@ if frame.empty:
     st.stop()
 cem = cem[cem["run_id"].isin(frame["run_id"])]
 labels = dict(zip(cem["run_id"], cem["run_name"]))
-best = cem.loc[cem.groupby(["variant", "size"])["test_perplexity"].idxmin(), "run_id"]
-chosen = st.sidebar.multiselect("Runs (default: the best of each variant and size)",
+best = cem.loc[cem.groupby(["variant", "size"])["val_perplexity"].idxmin(), "run_id"]
+chosen = st.sidebar.multiselect("Runs (default: each variant and size's best on validation)",
                                 list(labels), default=list(best), format_func=labels.get,
                                 key="recursion_runs")
 shown = frame[frame["run_id"].isin(chosen)].assign(label=lambda f: f["run_id"].map(labels))

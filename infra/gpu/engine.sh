@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A whole train step through DeepSpeed in each engine setting, on a GPU machine that has torch
-# but not this project's environment (deepspeed, pydantic, pydantic-settings and pyyaml must
-# import): `cemlab train` of Llama-134M, compiled, bf16, batch 8 x 2048, 40 steps on CORPUS
-# (a glob of text files), train steps 4-5 profiled, once per line of SETTINGS (NAME ZERO_STAGE
-# JSON: the ZeRO stage and the --deepspeed config of that run) and, with BASE (another
-# checkout of this project), once more from BASE in its default setting, first:
+# but not this project's environment (deepspeed, pydantic, pydantic-settings, pyyaml and
+# tabulate must import): `cemlab train` of Llama-134M, compiled, bf16, batch 8 x 2048, 40
+# steps on CORPUS (a glob of text files), train steps 4-5 profiled, once per line of SETTINGS
+# (NAME ZERO_STAGE JSON: the ZeRO stage and the --deepspeed config of that run) and, with BASE
+# (another checkout of this project), once more from BASE in its default setting, first:
 #
 #   CORPUS='corpus/*.txt' [BASE=dir] bash infra/gpu/engine.sh [OUT_DIR] [BUDGET_S]
 #

@@ -117,7 +117,7 @@ def test_energy_heatmaps_hold_the_logged_energies(seeded_store, monkeypatch):
 
 def test_recursion_page_draws_the_best_cem_runs_at_every_t_eval_as_logged(seeded_store,
                                                                           monkeypatch):
-    """Perplexity against T_eval for the best CEM run of each size (the default pick), both
+    """Perplexity against T_eval for the best CEM run of each size on validation (the default), both
     step-size rules, each value the seeded law: ``page_bench.recursion_perplexity`` of the run's
     own test perplexity (T_train 1: kept at T=1 is the run as trained)."""
     at = page(monkeypatch, seeded_store.uri, "recursion.py", recursion_exp="scaling-synthetic")

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from orchestrator.analysis import Point
-from orchestrator.brackets import beyond, next_round
+from orchestrator.brackets import beyond, next_round, reachable
 from orchestrator.ledger import Status, TrialRow
 
 
@@ -54,3 +54,33 @@ def test_a_failed_learning_rate_beyond_the_edge_counts_as_planned():
     (diverged): it is not planned again, and nothing lies beyond it."""
     rows, points = _arm("llama", {0.001: [3.0], 0.002: [2.0]}, failed=(0.004,))
     assert next_round(rows, points, max_points=8) == {}
+
+
+@pytest.mark.parametrize("grid", [[0.01, 0.02, 0.04], [0.0003, 0.0006, 0.0012],
+                                  [0.001, 0.00316228, 0.01]])
+def test_an_edge_optimum_extends_whatever_the_grid_s_numbers(grid):
+    """The edge is the best finished point's own learning rate, compared with a relative
+    tolerance: no round trip through log2 can move it off the grid's end."""
+    low_best = {grid[0]: [1.0], grid[1]: [1.001], grid[2]: [1.2]}  # Akima: just inside
+    rows, points = _arm("llama", low_best)
+    assert next_round(rows, points, max_points=8) == {
+        ("d", "llama", "nano"): beyond(grid, low=True, high=False, room=1)}
+    rows, points = _arm("llama", {grid[0]: [1.2], grid[1]: [1.001], grid[2]: [1.0]})
+    assert next_round(rows, points, max_points=8) == {
+        ("d", "llama", "nano"): beyond(grid, low=False, high=True, room=1)}
+
+
+def test_a_point_already_planned_is_not_added_again():
+    """A grid too fine for 6 significant digits would give back its own end point: nothing is
+    added, so the rounds end."""
+    rows, points = _arm("llama", {0.001: [1.0], 0.0010000001: [2.0]})
+    assert next_round(rows, points, max_points=8) == {}
+
+
+def test_the_points_a_bracket_can_reach_continue_each_end_within_the_cap():
+    assert reachable([0.001, 0.002, 0.004], 6) == [0.0005, 0.00025, 0.000125,
+                                                    0.008, 0.016, 0.032]
+    assert reachable([0.001, 0.002, 0.004], 3) == []
+    # each added point continues the spacing of the two outermost, itself included
+    low = reachable([0.001, 0.003], 4)[:2]
+    assert low[1] == pytest.approx(low[0] ** 2 / 0.001, rel=1e-5)

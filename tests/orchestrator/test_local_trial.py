@@ -144,9 +144,16 @@ def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
     assert with_engine_options(job, None, None) is job
     tuned = with_engine_options(job, None, None, {"bf16": {"check_grad_overflow": False}})
     assert tuned.trial.engine.deepspeed == {"bf16": {"check_grad_overflow": False}}
-    assert tuned.trial.trial_id == job.trial.trial_id  # not part of the trial's identity
+    again = with_engine_options(tuned, None, None, {"bf16": {"immediate_grad_update": True}})
+    assert again.trial.engine.deepspeed == {  # merged key by key, not replaced
+        "bf16": {"check_grad_overflow": False, "immediate_grad_update": True}}
+    assert tuned.trial.trial_id == job.trial.trial_id  # this run only: the planned id
     with pytest.raises(SpecError, match=r"^--deepspeed: .*zero_optimization\.stage is set by"):
         with_engine_options(job, None, None, {"zero_optimization": {"stage": 3}})
+    with pytest.raises(SpecError, match=r"^--deepspeed: bf16 must be a mapping"):
+        with_engine_options(job, None, None, {"bf16": False})
+    with pytest.raises(SpecError, match=r"^--deepspeed: give a JSON object"):
+        with_engine_options(job, None, None, [1])
     assert parse("--preset", "nano", "--deepspeed", '{"a": 1}').deepspeed == {"a": 1}
     assert parse("--preset", "nano").engine == "torch"
 

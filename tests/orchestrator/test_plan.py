@@ -73,6 +73,17 @@ def test_a_bracket_that_adapts_plans_its_grid_and_says_how_far_it_may_extend():
     assert "adapt" not in format_plan(fixed, plan(fixed))
 
 
+def test_more_deepspeed_config_is_part_of_a_trial_s_identity():
+    """``engine.deepspeed`` can change the numbers (the accumulation dtype, the overflow
+    check): set, it gives new trial ids; empty, the ids are those of a spec without it."""
+    plain = [t.trial_id for t in plan(parse_spec(GRID))]
+    empty = parse_spec({**GRID, "engine": {"deepspeed": {}}})
+    tuned = parse_spec({**GRID, "engine": {"deepspeed": {"data_types": {
+        "grad_accum_dtype": "fp32"}}}})
+    assert [t.trial_id for t in plan(empty)] == plain
+    assert not set(t.trial_id for t in plan(tuned)) & set(plain)
+
+
 def test_a_budget_scale_per_size_scales_each_size_s_chinchilla_budget():
     spec = parse_spec({**GRID, "budget": {"budget_scale": {"nano": 1.0, "micro": 0.25}},
                        "training": {"batch_size": 16}})

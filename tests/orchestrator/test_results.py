@@ -25,6 +25,27 @@ def test_results_read_the_newest_row_per_grid_point(tmp_path):
     assert [r.id for r in experiment_rows(spec, ledger, {"old"})] == [old.id]
 
 
+def test_a_point_a_bracket_added_counts_where_the_grid_s_bracket_reaches_it(tmp_path):
+    """Rows added by rounds (``lr_round``) belong to the grid when its bracket can reach their
+    learning rate; one left by another grid (or at a point no round adds) does not, nor does a
+    row at the same learning rate that no round added."""
+    grid = [0.001, 0.002, 0.004]
+    spec = parse_spec({"name": "adapts", "sizes": ["nano"], "variants": {"llama": {}},
+                       "learning_rates": {"grid": grid, "max_points": 5}})
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    exp = ledger.ensure_experiment("adapts", "language_model", "")
+    point = {"dataset": "shakespeare", "variant": "llama", "size": "nano", "seed": 0}
+    kept = [ledger.ensure_trial(exp.id, f"g{i}", lr=lr, **point) for i, lr in enumerate(grid)]
+    kept += [ledger.ensure_trial(exp.id, "up1", lr=0.008, lr_round=1, **point),
+             ledger.ensure_trial(exp.id, "up2", lr=0.016, lr_round=2, **point)]
+    ledger.ensure_trial(exp.id, "past-cap", lr=0.032, lr_round=3, **point)
+    ledger.ensure_trial(exp.id, "other-grid", lr=0.006, lr_round=1, **point)
+    assert [r.id for r in experiment_rows(spec, ledger)] == [r.id for r in kept]
+    fixed = parse_spec({"name": "adapts", "sizes": ["nano"], "variants": {"llama": {}},
+                        "learning_rates": grid})
+    assert [r.id for r in experiment_rows(fixed, ledger)] == [r.id for r in kept[:3]]
+
+
 def test_status_counts_and_progress_come_from_the_ledger(tmp_path):
     spec = parse_spec({"name": "progress", "sizes": ["nano"], "variants": {"llama": {}},
                        "learning_rates": [0.001, 0.002, 0.004]})

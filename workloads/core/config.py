@@ -101,15 +101,16 @@ class ScheduleConfig(StrictModel):
 DEEPSPEED_OWNED: dict[str, str | None] = {
     "train_batch_size": None, "train_micro_batch_size_per_gpu": None,
     "gradient_accumulation_steps": None, "gradient_clipping": None, "optimizer": None,
-    "scheduler": None, "fp16": None, "bf16": "enabled", "zero_optimization": "stage"}
+    "scheduler": None, "fp16": None, "amp": None, "torch_autocast": None,
+    "bf16": "enabled", "zero_optimization": "stage"}
 
 
 class EngineConfig(StrictModel):
     """The ``engine`` section (``runtime.engine``): DeepSpeed's ZeRO ``zero_stage``, the
     ``precision`` (``auto``: fixed when the trial is planned, ``core.precision``),
     ``compile`` (whether the workers run the model and the loss through ``torch.compile``;
-    ``engine.compiles``) and ``deepspeed``, more DeepSpeed config. None of it but the
-    precision is part of a trial's identity.
+    ``engine.compiles``) and ``deepspeed``, more DeepSpeed config. The precision and
+    ``deepspeed`` are part of a trial's identity, the ZeRO stage and compiling are not.
 
     Raises:
         pydantic.ValidationError: ``deepspeed`` sets a key another field owns.
@@ -132,8 +133,11 @@ class EngineConfig(StrictModel):
     def _not_owned_elsewhere(cls, value: dict[str, Any]) -> dict[str, Any]:
         """Refuses a key that another field sets (``DEEPSPEED_OWNED``), naming it."""
         for key, inner in DEEPSPEED_OWNED.items():
-            if key in value and (inner is None or (isinstance(value[key], dict)
-                                                   and inner in value[key])):
+            if key not in value:
+                continue
+            if inner is not None and not isinstance(value[key], dict):
+                raise ValueError(f"{key} must be a mapping of DeepSpeed's {key} keys")
+            if inner is None or inner in value[key]:
                 where = key if inner is None else f"{key}.{inner}"
                 raise ValueError(f"{where} is set by the spec's own fields (batch, "
                                  "optimizer.grad_clip, engine.precision, engine.zero_stage)")
@@ -153,12 +157,25 @@ NOT_SCIENCE = frozenset({"micro_batch_size", "log_interval", "energy_diagnostics
 
 
 def science(budget: BudgetConfig, training: TrainingConfig, optimizer: OptimizerConfig,
-            schedule: ScheduleConfig, precision: str) -> dict:
+            schedule: ScheduleConfig, precision: str, deepspeed: dict[str, Any] | None = None,
+            ) -> dict:
     """What of the sections changes what a trial computes, as one mapping (hashed into its
-    id): the budget, the batch and evaluation, the optimizer, the schedule and the
-    ``precision`` it trains in; not micro-batching, logging, the ZeRO stage or compiling."""
+    id): the budget, the batch and evaluation, the optimizer, the schedule, the ``precision``
+    it trains in and any ``engine.deepspeed`` config (some of its keys change the numbers: the
+    accumulation dtype, the overflow check); not micro-batching, logging, the ZeRO stage or
+    compiling. Without ``deepspeed`` the mapping, and so every id, is as it was without it."""
     return {**budget.model_dump(), **training.model_dump(exclude=NOT_SCIENCE),
-            **optimizer.model_dump(), **schedule.model_dump(), "precision": precision}
+            **optimizer.model_dump(), **schedule.model_dump(), "precision": precision,
+            **({"deepspeed": deepspeed} if deepspeed else {})}
+
+
+def deep_merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``extra``'s keys over it, mappings under the same key merged in turn."""
+    out = dict(base)
+    for key, value in extra.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = deep_merged(base[key], value) if both else value
+    return out
 
 
 # Host memory (GiB) of one trial's actors besides its workers: Ray Tune's trial driver and Ray

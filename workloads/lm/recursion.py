@@ -40,7 +40,8 @@ def test_time_metrics(model: DecoderLM, eval_steps: list[int], x: torch.Tensor,
     """Per setting of ``settings(model.cfg, eval_steps)``:
 
     - ``test_time/<setting>/perplexity``: exp of the mean next-token NLL that ``nll`` (summed
-      nats and token count of a model over the test split) gives the model at the setting;
+      nats and token count of a model over the test split) gives the model at the setting
+      (infinite past 700 nats a token);
     - ``test_time/<setting>/energy/<attn|mlp>/step<t>`` for t = 0..T_eval: the sublayers'
       energy at iterate x^(t) (Eq. 1 attention, Eq. 7 MLP), the mean over layers and over the
       tokens of ``x`` (B, T) (``energy_diagnostics``).
@@ -49,7 +50,8 @@ def test_time_metrics(model: DecoderLM, eval_steps: list[int], x: torch.Tensor,
     for name, steps in settings(model.cfg, eval_steps).items():
         changed = at_steps(model, steps)
         total, n = nll(changed)
-        out[f"test_time/{name}/perplexity"] = math.exp(total / n)
+        nats = total / n  # a diverging recursion can pass exp's range: infinite perplexity
+        out[f"test_time/{name}/perplexity"] = math.exp(nats) if nats < 700 else math.inf
         energies: dict[str, list[float]] = defaultdict(list)
         for key, value in energy_diagnostics(changed, x).items():
             if key.startswith("energy/"):  # energy/<kind>/layer<l>/step<t>

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # annotations only: the bench imports this module with torch alone
+from workloads.core.config import deep_merged
+
+if TYPE_CHECKING:  # annotations only
     from workloads.core.config import OptimizerConfig, ScheduleConfig
 
 
@@ -69,10 +71,11 @@ def deepspeed_config(micro_batch_size: int, grad_accum: int, world_size: int, ze
     merged in turn.
 
     Two defaults differ from DeepSpeed's, for speed (docs/benchmarks.md, "A trial's step beyond
-    the bench"): bf16 gradients are not checked for overflow (bf16 has no loss scale to adjust;
-    the check reads every gradient and waits for the device each step, and a NaN shows in the
-    loss instead of a skipped step), and with one worker at ZeRO 1-2 the gradients are not
-    copied into a contiguous buffer, which has nothing to reduce there."""
+    the bench"): at ZeRO 1-2, where DeepSpeed reads the key, bf16 gradients are not checked for
+    overflow (bf16 has no loss scale to adjust; the check reads every gradient and waits for the
+    device each step, and a NaN shows in the loss instead of a skipped step), and with one
+    worker at ZeRO 1-2 the gradients are not copied into a contiguous buffer, which has nothing
+    to reduce there."""
     bf16 = precision == "bf16"
     one_worker = world_size == 1 and zero_stage in (1, 2)
     config = {
@@ -87,13 +90,4 @@ def deepspeed_config(micro_batch_size: int, grad_accum: int, world_size: int, ze
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    return _merged(config, extra or {})
-
-
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``extra``'s keys over it, mappings under the same key merged in turn."""
-    out = dict(base)
-    for key, value in extra.items():
-        both = isinstance(value, dict) and isinstance(base.get(key), dict)
-        out[key] = _merged(base[key], value) if both else value
-    return out
+    return deep_merged(config, extra or {})
