@@ -5,6 +5,7 @@ parent run and printed; progress by status."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -30,17 +31,21 @@ def short_metric(spec: ExperimentSpec) -> str:
     return metric_name(spec).removeprefix("test_")
 
 
-def in_grid(spec: ExperimentSpec, datasets: list[str], row: TrialRow) -> bool:
-    """Whether a ledger row lies on the spec's current grid of ``datasets`` (a spec edited to a
-    smaller grid keeps its old rows in the ledger, outside the analysis); with brackets that
-    extend, a learning rate that a round added (``lr_round``) counts as the grid's where the
-    grid's brackets can reach it (``brackets.reachable``)."""
+def on_grid(spec: ExperimentSpec) -> Callable[[TrialRow], bool]:
+    """Whether a ledger row lies on the spec's current grid (a spec edited to a smaller grid
+    keeps its old rows in the ledger, outside the analysis); with brackets that extend, a
+    learning rate that a round added (``lr_round``) counts as the grid's where the grid's
+    brackets can reach it (``brackets.reachable``). The grid is resolved once, not per row."""
+    datasets = set(spec.workload_impl.datasets(spec.workload_config))
     grid = spec.lr_grid
-    if row.lr_round and spec.lr_max_points:
-        grid = [*grid, *reachable(grid, spec.lr_max_points)]
-    return (row.dataset in datasets and row.variant in spec.variants
-            and row.size in spec.sizes and row.seed in spec.seeds
-            and any(same_lr(row.lr, lr) for lr in grid))
+    added = reachable(grid, spec.lr_max_points) if spec.lr_max_points else []
+
+    def check(row: TrialRow) -> bool:
+        lrs = [*grid, *added] if row.lr_round else grid
+        return (row.dataset in datasets and row.variant in spec.variants
+                and row.size in spec.sizes and row.seed in spec.seeds
+                and any(same_lr(row.lr, lr) for lr in lrs))
+    return check
 
 
 def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
@@ -52,9 +57,8 @@ def experiment_rows(spec: ExperimentSpec, ledger: Ledger,
     rows = ledger.trials(exp.id) if exp else []
     if trial_ids is not None:
         return [r for r in rows if r.trial_hash in trial_ids]
-    datasets = spec.workload_impl.datasets(spec.workload_config)
-    newest = {(r.dataset, r.variant, r.size, r.lr, r.seed): r for r in rows
-              if in_grid(spec, datasets, r)}
+    grid = on_grid(spec)
+    newest = {(r.dataset, r.variant, r.size, r.lr, r.seed): r for r in rows if grid(r)}
     return sorted(newest.values(), key=lambda r: r.id)
 
 
