@@ -3,6 +3,7 @@ across resumes, and through tracking-server outages without losing a point."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,9 @@ log = logging.getLogger(__name__)
 
 PENDING = "metrics-pending.jsonl"  # unsent points, inside a checkpoint directory
 _CHUNK = 10_000  # points per log_batch call when sending spilled points
+# One try per request, each at most this long: a server that dies between its health answer and
+# the points must not hold the train loop in MLflow's own retries (exponential backoff, minutes).
+_SEND_TIMEOUT_S = 30
 
 
 class MetricSink:
@@ -27,8 +31,10 @@ class MetricSink:
       has; later points at or below it are replays (the steps between a trial's checkpoint
       and its crash, computed again after the restart) and are dropped, so every step lands
       once, with no gap.
-    - **Outages.** A flush first asks the server for ``/health`` (``probe_timeout_s``), so an
-      outage costs the train loop a second, not MLflow's minutes of retries; the points stay:
+    - **Outages.** A flush first asks the server for ``/health`` (``probe_timeout_s``) and then
+      sends with one try per request (no retries inside MLflow), so an outage, even one that
+      starts during a send, costs the train loop a second, not MLflow's minutes of retries;
+      the points stay:
       up to ``max_buffered`` in memory, the older ones spilled to a JSONL file in
       ``spill_dir``, all sent with their original timestamps once the server answers
       (``flush(deadline_s=...)`` retries until a deadline). A resend of points already stored
@@ -112,7 +118,8 @@ class MetricSink:
         while True:
             try:
                 check_tracking(self.tracking_uri, timeout_s=self.probe_timeout_s)
-                self._send()
+                with _one_try():
+                    self._send()
                 return True
             except Exception as e:  # ServiceError, MlflowException, connection errors
                 if _rejected(e):
@@ -169,6 +176,25 @@ class MetricSink:
 
     def _from_dict(self, p: dict):
         return self._metric(p["key"], p["value"], p["timestamp"], p["step"])
+
+
+@contextlib.contextmanager
+def _one_try() -> Iterator[None]:
+    """MLflow's HTTP requests in this block: no retry, at most ``_SEND_TIMEOUT_S`` each (MLflow
+    reads these settings from the environment on every request; the sink's caller, the train
+    loop, makes no other MLflow request meanwhile)."""
+    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+             "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_SEND_TIMEOUT_S)}
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _rejected(e: Exception) -> bool:

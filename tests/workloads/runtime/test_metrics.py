@@ -4,8 +4,10 @@ through an outage (the server stopped and started again), none through a crash d
 import contextlib
 import os
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -119,6 +121,39 @@ def test_an_outage_loses_no_point_and_spills_what_memory_does_not_hold(server, t
     assert sink.pending == 0 and not spill.exists()
     assert steps_of(server, run_id) == list(range(1, 61))
     assert steps_of(server, run_id, "lr") == list(range(1, 61))
+
+
+class HealthOnly(socketserver.ThreadingTCPServer):
+    """A server on ``port`` that answers ``GET /health`` and drops every other request
+    unanswered: the tracking server as it dies between its health answer and the points."""
+
+    allow_reuse_address = daemon_threads = True
+
+    def __init__(self, port: int) -> None:
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                if self.rfile.readline().startswith(b"GET /health "):
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+                                     b"Connection: close\r\n\r\nOK")
+
+        super().__init__(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_server_that_dies_during_a_send_costs_one_try_not_mlflows_retries(server, tmp_path):
+    run_id = new_run(server)
+    sink = MetricSink(server.uri, run_id, spill_dir=tmp_path)
+    server.stop()
+    with HealthOnly(server.port) as dying:
+        sink.log({"loss": 1.0}, 1)
+        started = time.monotonic()
+        assert not sink.flush()  # healthy at the probe, gone at the send
+        # MLflow's default (7 retries, backoff factor 2) waits minutes before it gives up.
+        assert time.monotonic() - started < 20
+        dying.shutdown()
+    assert sink.pending == 1
+    server.start()
+    assert sink.flush(deadline_s=30) and steps_of(server, run_id) == [1]
 
 
 def test_points_kept_in_a_checkpoint_reach_the_run_once_after_a_crash(server, tmp_path):
