@@ -67,6 +67,8 @@ class ClaimResult:
     tests: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     # ^ (dataset, size, variant) -> the test metric of each seed at its chosen LR
     at_edge: tuple[str, ...] = ()  # arms with seeds whose chosen LR sits at the grid's edge
+    trial_ids: frozenset[str] = frozenset()  # the spec's finished trials
+    span: tuple[dt.datetime, dt.datetime] | None = None  # their first start, their last finish
 
     @property
     def verdict(self) -> str:
@@ -113,7 +115,8 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
     """``claim`` measured on the finished trials of ``spec`` in ``ledger``, using only the
     seeds whose learning-rate grid is complete (``complete_grids``); the intervals and verdicts
     Holm-adjusted across all its comparisons at every (dataset, size)."""
-    points, incomplete = complete_grids(spec, finished_points(experiment_rows(spec, ledger)))
+    rows = experiment_rows(spec, ledger)
+    points, incomplete = complete_grids(spec, finished_points(rows))
     choices = seed_choices(points)
     found, arms, all_tests = [], [], {}
     for dataset, size in sorted({(d, s) for d, _, s in choices}):
@@ -146,8 +149,50 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
     edges = tuple(f"{a['variant']}@{a['size']} ({a['dataset']}): {a['at grid edge']} seeds "
                   "chose a learning rate at the grid's edge" for a in arms
                   if not a["at grid edge"].startswith("0 "))
+    finished = [r for r in rows if r.status == Status.FINISHED]
+    timed = [(r.started_at, r.finished_at) for r in finished if r.started_at and r.finished_at]
+    span = (min(s for s, _ in timed), max(f for _, f in timed)) if timed else None
     return ClaimResult(claim, spec, short_metric(spec), effects, arms, incomplete, all_tests,
-                       edges)
+                       edges, frozenset(r.trial_hash for r in finished), span)
+
+
+def setup(results: list[ClaimResult]) -> str:
+    """The report's setup line: the claims' data, seeds and budget fraction per size (of the
+    Chinchilla budget, for specs that set their budget so), said to be unequal where sizes
+    differ in it (size then stands in for budget); the distinct finished trials, and the wall
+    clock from the first one's start to the last one's finish."""
+    data = sorted({d for r in results for d in r.spec.workload_impl.datasets(
+        r.spec.workload_config)})
+    seeds = sorted({len(r.spec.seeds) for r in results})
+    fractions: dict[str, set[float]] = defaultdict(set)
+    per_param = set()
+    for r in results:
+        if r.spec.workload_impl.unit == "tokens" and r.spec.budget.tokens is None:
+            per_param.add(r.spec.budget.tokens_per_param)
+            for size in r.spec.sizes:
+                fractions[size].add(r.spec.budget.scale_for(size))
+    values = set().union(*fractions.values()) if fractions else set()
+    if len(values) == 1:
+        budget = (f"every size ({', '.join(fractions)}) on {values.pop():g} of its Chinchilla "
+                  f"budget ({'/'.join(f'{p:g}' for p in sorted(per_param))} tokens per "
+                  "parameter)")
+    elif values:
+        budget = ("budget fractions differ by size, so size stands in for budget: " + ", ".join(
+            f"{size} {'/'.join(f'{f:g}' for f in sorted(fs))}" for size, fs in fractions.items()))
+    else:
+        budget = "fixed budgets"
+    spans = [r.span for r in results if r.span]
+    wall = (f", {_hours(max(f for _, f in spans) - min(s for s, _ in spans))} from the first "
+            "start to the last finish" if spans else "")
+    trials = len(frozenset().union(*(r.trial_ids for r in results)))
+    return (f"Setup: data {', '.join(data)}; {budget}; {'/'.join(map(str, seeds))} seeds per "
+            f"arm; {trials} distinct trials finished{wall}.")
+
+
+def _hours(span: dt.timedelta) -> str:
+    """``span`` as ``42 min`` or ``5.3 h``."""
+    minutes = span.total_seconds() / 60
+    return f"{minutes:.0f} min" if minutes < 120 else f"{minutes / 60:.1f} h"
 
 
 def claim_spec_path(directory: Path, claim: Claim, scale: str = "cpu") -> Path:
@@ -282,6 +327,8 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
         f"Written by `python -m orchestrator report {directory}` on "
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit `{commit}`, model code "
         f"`{code_fingerprint()}`.",
+        "",
+        setup(results),
         "",
         "Protocol: for every variant, size and seed the learning rate is chosen on validation "
         "(Akima optimum over log2 LR) and the test metric is read there (the trained LR nearest "

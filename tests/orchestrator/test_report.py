@@ -1,6 +1,7 @@
 """The claims report: claims name real variants, intervals follow the t formula, verdicts follow
 the intervals, and REPORT.md with its figures is written from a real ledger."""
 
+import datetime as dt
 import math
 import statistics
 from pathlib import Path
@@ -17,6 +18,7 @@ from orchestrator.report import (
     ladder_figure,
     lr_protocol,
     missing_trials,
+    setup,
     write_report,
 )
 from orchestrator.spec import load_spec, parse_spec
@@ -186,6 +188,30 @@ def test_the_report_and_its_figures_are_written(tmp_path):
     assert "python -m orchestrator run experiments/paper/claims.yaml" in text
     assert (tmp_path / "out" / "claim-x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "out" / "claim-y.png").exists()
+
+
+def test_the_report_states_data_seeds_budget_fraction_trials_and_wall(tmp_path):
+    base = {"name": "claims", "seeds": [0, 1, 2], "learning_rates": LRS,
+            "variants": {"llama": {}, "cem-attn": {"attention": "cem"}}}
+    equal = parse_spec({**base, "sizes": ["nano"], "budget": {"budget_scale": 0.25}})
+    ledger = _seed_ledger(tmp_path, equal, {"llama": [0.0] * 3, "cem-attn": [0.01] * 3})
+    start = dt.datetime(2026, 1, 1, 8, 0)
+    for i, row in enumerate(ledger.trials(1)):  # 18 trials, one every 10 minutes, 5 min each
+        ledger.update_trial(row.id, started_at=start + dt.timedelta(minutes=10 * i),
+                            finished_at=start + dt.timedelta(minutes=10 * i + 5))
+    claim = Claim("x", "CEM within 5 %", "quote", "Sec. 0", "fig0",
+                  (Comparison("cem-attn", "llama", "not_worse", 0.05),))
+    text = write_report([evaluate(claim, equal, ledger)], tmp_path / "out", "cpu",
+                        "experiments/paper/").read_text()
+    assert ("Setup: data shakespeare; every size (nano) on 0.25 of its Chinchilla budget (20 "
+            "tokens per parameter); 3 seeds per arm; 18 distinct trials finished, 2.9 h from "
+            "the first start to the last finish.") in text  # 17 x 10 min + 5 min
+    unequal = parse_spec({**base, "sizes": ["nano", "tiny"],
+                          "budget": {"budget_scale": {"nano": 1.0, "tiny": 0.25}}})
+    line = setup([evaluate(claim, unequal, Ledger(f"sqlite:///{tmp_path / 'empty.db'}"))])
+    assert line == ("Setup: data shakespeare; budget fractions differ by size, so size stands "
+                    "in for budget: nano 1, tiny 0.25; 3 seeds per arm; 0 distinct trials "
+                    "finished.")
 
 
 def test_the_report_says_how_each_claim_sets_its_learning_rates():
