@@ -41,7 +41,7 @@ from workloads.core.trial import Trial
 ROOT = Path(__file__).resolve().parents[1]
 TRUE_E, TRUE_A, TRUE_ALPHA = 12.0, 1500.0, 0.35
 CEM_SAVING = 0.25  # fraction of non-embedding parameters CEM needs less for Llama's perplexity
-LR_OPT = 0.002  # the synthetic optimum: the middle of the paper's grid 0.0005-0.008 (log2)
+LR_OPT = 0.008  # the synthetic optimum: the middle of fig3a-cpu's grid 0.002-0.032 (log2)
 LR_CURVATURE = 0.04
 VAL_OFFSET = 0.01  # validation perplexity = test * (1 + VAL_OFFSET)
 NOISE = 0.002  # relative seed-to-seed noise of the metrics
@@ -51,7 +51,7 @@ FAILED_ERROR = "RuntimeError: worker 0 on node 10.0.0.7 died (synthetic)"
 PAPER_SPECS = ("fig2a-cpu", "fig3a-cpu", "fig3b-cpu", "fig4-cpu", "gp-table-cpu")
 
 
-def scaling_spec(seeds: int = 3, lrs: tuple[float, ...] = (0.002,),
+def scaling_spec(seeds: int = 3, lrs: tuple[float, ...] = (LR_OPT,),
                  variants: tuple[str, ...] = ("llama", "cem")) -> ExperimentSpec:
     """A four-size language-model spec (nano, tiny, micro, mini) for the Compare page's fits."""
     kinds = {"llama": {}, "cem": {"attention": "cem", "mlp": "cem"},
@@ -251,7 +251,7 @@ def register_versions(client: MlflowClient, experiment: str, trials: list[Trial]
 
 
 def seed_store(tracking_uri: str, ledger_url: str, *, paper_specs: tuple[str, ...] = PAPER_SPECS,
-               scaling_seeds: int = 3, scaling_lrs: tuple[float, ...] = (0.002,),
+               scaling_seeds: int = 3, scaling_lrs: tuple[float, ...] = (LR_OPT,),
                scaling_variants: tuple[str, ...] = ("llama", "cem"),
                history: int = 20) -> Seeded:
     """Seed ``paper_specs`` (stems of ``experiments/paper/``, each with one failed and one
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     uri = f"sqlite:///{path}"
     start = time.perf_counter()
     seeded = seed_store(uri, uri, scaling_seeds=seeds_for(args.runs),
-                        scaling_lrs=(0.0005, 0.001, 0.002, 0.004, 0.008),
+                        scaling_lrs=(0.002, 0.004, 0.008, 0.016, 0.032),
                         scaling_variants=("llama", "cem", "cem-attn", "cem-mlp"),
                         history=args.history)
     print(f"seeded {seeded.runs} trial runs with {args.history}-point histories into {uri} "

@@ -191,11 +191,13 @@ CEM_BEST = {"attention": "cem", "mlp": "cem", "attn_steps": 2, "mlp_steps": 2,
 
 
 PRESETS: dict[str, ModelConfig] = {
-    # CPU sizes for tests and demos (vocabulary of the embedded Shakespeare BPE).
+    # CPU sizes for tests and demos, and the claims' CPU twins (pico, nano, tiny: a tenfold
+    # range of parameters, each on a quarter of its Chinchilla budget within a working day on
+    # 2 cores), with a 512-token BPE.
+    "pico": ModelConfig(vocab_size=512, d_model=16, n_layer=2, n_head=2, d_mlp=48,
+                        context_length=64),
     "nano": ModelConfig(vocab_size=512, d_model=32, n_layer=2, n_head=2, d_mlp=96,
                         context_length=64),
-    # The claims' CPU twins: small enough that nano trains on its whole Chinchilla budget
-    # (~1 M tokens) and tiny on a quarter of it within the reproduction's hours on 2 cores.
     "tiny": ModelConfig(vocab_size=512, d_model=64, n_layer=3, n_head=4, d_mlp=192,
                         context_length=128),
     "micro": ModelConfig(vocab_size=4096, d_model=128, n_layer=4, n_head=4, d_mlp=384,
