@@ -119,6 +119,7 @@ class Choice:
     nearest: float  # test of the trained LR nearest the chosen one (in log2)
     at_edge: bool
     n_points: int
+    nearest_lr: float  # that trained LR
 
 
 def seed_choices(points: list[Point]) -> dict[tuple[str, str, str], dict[int, Choice]]:
@@ -134,10 +135,10 @@ def seed_choices(points: list[Point]) -> dict[tuple[str, str, str], dict[int, Ch
         for seed, ps in sorted(by_seed.items()):
             lrs = [p.lr for p in ps]
             opt = akima_optimum(lrs, [p.val for p in ps])
+            near = min(ps, key=lambda p: abs(math.log2(p.lr / opt.lr)))
             out[key][seed] = Choice(
-                opt.lr, opt.value, akima_value(lrs, [p.test for p in ps], opt.lr),
-                min(ps, key=lambda p: abs(math.log2(p.lr / opt.lr))).test, opt.at_edge,
-                opt.n_points)
+                opt.lr, opt.value, akima_value(lrs, [p.test for p in ps], opt.lr), near.test,
+                opt.at_edge, opt.n_points, near.lr)
     return out
 
 

@@ -22,6 +22,11 @@ Kind = Literal["better", "not_worse"]
 class Comparison:
     """``treatment`` against ``control`` (variant names of the claim's spec).
 
+    An arm ``<variant>@<setting>`` is test-time recursion (``training.eval_steps``): the model
+    of ``variant`` at the learning rate chosen on validation (the nearest one trained), on the
+    test split again with its CEM sublayers at setting ``T<t>_kept`` or ``T<t>_scaled``
+    (``workloads.lm.recursion.settings``).
+
     ``kind``: ``better`` (the claim: effect < 0) or ``not_worse`` (the claim: effect <
     ``margin``, a relative tolerance such as 0.05 for "within 5 %"). ``equivalence``: the
     margin inside which the arms count as equal (the TOST verdict ``equivalent``, relative, ±),
@@ -45,6 +50,11 @@ class Comparison:
     def arms(self) -> tuple[str, ...]:
         return tuple(a for a in (self.treatment, self.control, self.treatment_base,
                                  self.control_base) if a)
+
+    @property
+    def variants(self) -> set[str]:
+        """The spec's variants the arms name (a test-time arm names its trained variant)."""
+        return {arm.split("@")[0] for arm in self.arms}
 
     def describe(self) -> str:
         """e.g. ``cem-attn vs llama (not worse by 5%)``, ``cem-attn-t2/cem-attn-t1 vs ...``."""
@@ -146,6 +156,14 @@ CLAIMS: tuple[Claim, ...] = (  # the paper's, on experiments/paper/
                       control_base="llama-t1"),
            Comparison("cem-mlp-t2", "cem-mlp-t1"), Comparison("cem-mlp-pm-t2", "cem-mlp-pm-t1"),
            Comparison("cem-mlp-t2", "cem-mlp-t1-eta2"))),  # the control: one step of 2 eta
+    Claim("j", "More recursion steps at test time lower perplexity (the paper's future work)",
+          "This within-layer recursion thus offers a distinct mechanism that could provide a "
+          "new dimension for test-time scaling, which we leave for future work.",
+          "Sec. 2.3, Sec. 5.2", "fig3a",
+          # full CEM trained at T=2, evaluated at T=4: eta per step scaled by 2/4 (the total
+          # step of training), or as trained; and at T=1 (fewer steps) for the other side
+          (Comparison("cem@T4_scaled", "cem@T2_kept"), Comparison("cem@T4_kept", "cem@T2_kept"),
+           Comparison("cem@T1_scaled", "cem@T2_kept"))),
 )
 
 # The recursion study (docs/recursion.md): each question is claim (b), T=2 beats T=1, under one

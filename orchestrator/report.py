@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,19 +112,43 @@ def complete_grids(spec: ExperimentSpec, points: list[Point],
     return kept, left_out
 
 
-def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger) -> ClaimResult:
+def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
+             run_metrics: Callable[[str], dict[str, float]] | None = None) -> ClaimResult:
     """``claim`` measured on the finished trials of ``spec`` in ``ledger``, using only the
     seeds whose learning-rate grid is complete (``complete_grids``); the intervals and verdicts
-    Holm-adjusted across all its comparisons at every (dataset, size)."""
+    Holm-adjusted across all its comparisons at every (dataset, size). Test-time arms
+    (``variant@setting``) read ``test_time/<setting>/perplexity`` from ``run_metrics`` (an MLflow
+    run id to its metrics) of the trial nearest each seed's chosen learning rate; without it,
+    or where the run lacks the setting, they have no seeds."""
     rows = experiment_rows(spec, ledger)
     points, incomplete = complete_grids(spec, finished_points(rows))
     choices = seed_choices(points)
+    run_of = {(r.dataset, r.variant, r.size, r.seed, r.lr): r.mlflow_run_id for r in rows}
     found, arms, all_tests = [], [], {}
     for dataset, size in sorted({(d, s) for d, _, s in choices}):
         here = {v: by_seed for (d, v, s), by_seed in choices.items() if (d, s) == (dataset, size)}
         tests = {v: {seed: c.test for seed, c in by_seed.items()} for v, by_seed in here.items()}
         nearest = {v: {seed: c.nearest for seed, c in by_seed.items()}
                    for v, by_seed in here.items()}
+        for arm in sorted({a for c in claim.comparisons for a in c.arms if "@" in a}):
+            variant, setting = arm.split("@")
+            values = {}
+            for seed, choice in here.get(variant, {}).items():
+                run_id = run_of.get((dataset, variant, size, seed, choice.nearest_lr))
+                value = (run_metrics(run_id).get(f"test_time/{setting}/perplexity")
+                         if run_metrics and run_id else None)
+                if value is not None:
+                    values[seed] = value
+            if values:
+                tests[arm] = nearest[arm] = values
+                here_arm = here[variant]
+                all_tests[(dataset, size, arm)] = list(values.values())
+                arms.append({"dataset": dataset, "size": size, "variant": arm,
+                             "seeds": len(values), "test": _pm(list(values.values()), "{:.3f}"),
+                             "test (nearest LR)": _pm(list(values.values()), "{:.3f}"),
+                             "LR (val)": _pm([here_arm[s].nearest_lr for s in values], "{:.2e}"),
+                             "at grid edge": f"{sum(here_arm[s].at_edge for s in values)} of "
+                                             f"{len(values)}"})
         for variant, by_seed in sorted(here.items()):
             values = [c.test for c in by_seed.values()]
             all_tests[(dataset, size, variant)] = values

@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from mlflow import MlflowClient
 from scipy.stats import t as student_t
 
 from orchestrator.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
@@ -50,7 +51,11 @@ def test_every_claim_compares_variants_of_its_spec(claims, directory, scale):
     for claim in claim_set.claims:
         spec = load_spec(claim_spec_path(directory, claim, scale))
         for comparison in claim.comparisons:
-            assert set(comparison.arms) <= set(spec.variants), (claim.key, comparison)
+            assert comparison.variants <= set(spec.variants), (claim.key, comparison)
+            for arm in comparison.arms:  # a test-time arm's T_eval is one the spec evaluates
+                if "@" in arm:
+                    t_eval = int(arm.split("@")[1].split("_")[0].removeprefix("T"))
+                    assert t_eval in spec.training.eval_steps, (claim.key, arm)
 
 
 def test_the_recursion_ladder_differs_only_in_training_tokens():
@@ -168,6 +173,32 @@ def test_effects_are_paired_by_seed_at_the_lr_chosen_on_validation(tmp_path):
     assert "- Incomplete: cem-attn@nano (shakespeare) seed 1: 2 of 3" in path.read_text()
 
 
+def test_a_test_time_arm_reads_the_trained_model_nearest_the_chosen_lr_from_mlflow(tmp_path):
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
+                       "variants": {"cem": {"attention": "cem", "attn_steps": 2}},
+                       "learning_rates": LRS})
+    ledger = _seed_ledger(tmp_path, spec, {"cem": [0.0, 0.1, -0.05]})
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp_id = client.create_experiment("claims")
+    for row in ledger.trials(1):  # at T_eval = 4, 3 % better than the trained T = 2, at every LR
+        run_id = client.create_run(exp_id).info.run_id
+        client.log_metric(run_id, "test_time/T2_kept/perplexity", row.metric)
+        client.log_metric(run_id, "test_time/T4_scaled/perplexity", 0.97 * row.metric)
+        ledger.update_trial(row.id, mlflow_run_id=run_id)
+    claim = Claim("j", "More steps at test time", "quote", "Sec. 0", "fig0",
+                  (Comparison("cem@T4_scaled", "cem@T2_kept"), Comparison("cem@T8_kept", "cem")))
+    result = evaluate(claim, spec, ledger, lambda run_id: client.get_run(run_id).data.metrics)
+    (effect,) = result.effects  # T8 was never evaluated: that comparison has no seeds
+    assert effect.seeds == (0, 1, 2) and effect.per_seed == pytest.approx([-0.03] * 3)
+    assert effect.verdict == SUPPORTS
+    # the values are the trained model's at LR 0.002 (the validation optimum), not interpolated
+    trained = {r.seed: r.metric for r in ledger.trials(1) if r.lr == 0.002}
+    assert result.tests[("shakespeare", "nano", "cem@T2_kept")] == [trained[s] for s in range(3)]
+    row = next(a for a in result.arms if a["variant"] == "cem@T4_scaled")
+    assert row["LR (val)"].startswith("2.00e-03") and row["seeds"] == 3
+    assert evaluate(claim, spec, ledger).effects == ()  # no MLflow: no test-time seeds
+
+
 def test_the_report_and_its_figures_are_written(tmp_path):
     spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
                        "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
@@ -229,7 +260,8 @@ def test_report_without_runs_marks_every_claim_not_run(tmp_path, monkeypatch, ca
     monkeypatch.setenv("CEMLAB_HOME", str(tmp_path / "home"))
     assert main(["report", str(PAPER), "--no-run", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert f"claims report: {len(CLAIMS)} claims over {len(CLAIMS)} specs" in out
+    specs = len({c.figure for c in CLAIMS})  # (j) reads (e)'s spec again
+    assert f"claims report: {len(CLAIMS)} claims over {specs} specs" in out
     text = (tmp_path / "out" / "REPORT.md").read_text()
     assert text.count("**not run**") == 2 * len(CLAIMS)  # the table and each section
     assert not list((tmp_path / "out").glob("*.png"))
