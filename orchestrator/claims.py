@@ -160,10 +160,10 @@ CLAIMS: tuple[Claim, ...] = (  # the paper's, on experiments/paper/
           "This within-layer recursion thus offers a distinct mechanism that could provide a "
           "new dimension for test-time scaling, which we leave for future work.",
           "Sec. 2.3, Sec. 5.2", "fig3a",
-          # full CEM trained at T=2, evaluated at T=4: eta per step scaled by 2/4 (the total
-          # step of training), or as trained; and at T=1 (fewer steps) for the other side
+          # full CEM trained at T=2, evaluated at T=4 (eta per step scaled by 2/4, the total
+          # step of training, or as trained) against T=2; and T=2 against T=1 at 2 eta
           (Comparison("cem@T4_scaled", "cem@T2_kept"), Comparison("cem@T4_kept", "cem@T2_kept"),
-           Comparison("cem@T1_scaled", "cem@T2_kept"))),
+           Comparison("cem@T2_kept", "cem@T1_scaled"))),
 )
 
 # The recursion study (docs/recursion.md): each question is claim (b), T=2 beats T=1, under one

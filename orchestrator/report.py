@@ -173,7 +173,7 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
                                                                           strict=True))
     edges = tuple(f"{a['variant']}@{a['size']} ({a['dataset']}): {a['at grid edge']} seeds "
                   "chose a learning rate at the grid's edge" for a in arms
-                  if not a["at grid edge"].startswith("0 "))
+                  if "@" not in a["variant"] and not a["at grid edge"].startswith("0 "))
     finished = [r for r in rows if r.status == Status.FINISHED]
     timed = [(r.started_at, r.finished_at) for r in finished if r.started_at and r.finished_at]
     span = (min(s for s, _ in timed), max(f for _, f in timed)) if timed else None
