@@ -35,11 +35,14 @@ alive() { [ -s "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 BIND=${CEMLAB_BIND_ADDRESS:-127.0.0.1}
 
 # A free TCP port on $BIND (and on the other addresses given after it), preferring $1 (Ray's
-# default 6379 is often Redis: never assume).
+# default 6379 is often Redis: never assume), and none of $TAKEN (the ports chosen before: the
+# kernel may hand a just-closed ephemeral port out again, and two services on one port fail).
+TAKEN=""
 free_port() {
-  "$PY" - "$1" "$BIND" "${@:2}" <<'PY'
-import socket, sys
+  TAKEN="$TAKEN" "$PY" - "$1" "$BIND" "${@:2}" <<'PY'
+import os, socket, sys
 addresses = list(dict.fromkeys(sys.argv[2:]))
+taken = {int(p) for p in os.environ["TAKEN"].split()}
 def free(port):
     socks = []
     try:
@@ -47,7 +50,7 @@ def free(port):
             socks.append(socket.socket())
             socks[-1].bind((address, port))
             port = socks[-1].getsockname()[1]
-        return port
+        return None if port in taken else port
     except OSError:
         return None
     finally:
@@ -121,10 +124,14 @@ INI
 esac
 
 RAY_PORT=$(free_port "${CEMLAB_RAY_PORT:-6380}")
+TAKEN="$RAY_PORT"
 DASH_PORT=$(free_port "${CEMLAB_RAY_DASHBOARD_PORT:-8265}")
+TAKEN="$TAKEN $DASH_PORT"
 MLFLOW_PORT=$(free_port "${CEMLAB_MLFLOW_PORT:-5000}")
+TAKEN="$TAKEN $MLFLOW_PORT"
 # Fixed defaults of Ray that a second cluster on the machine (e.g. the tests') would collide on.
 AGENT_PORT=$(free_port 52365 127.0.0.1)  # Ray's agent binds the node address and loopback
+TAKEN="$TAKEN $AGENT_PORT"
 CLIENT_PORT=$(free_port 10001)
 MLFLOW_URI="http://$BIND:$MLFLOW_PORT"
 # MLflow's backend store (any SQLAlchemy URL, e.g. postgresql://...); the ledger shares it.
