@@ -265,7 +265,8 @@ def _report(args: argparse.Namespace) -> int:
     except (FileNotFoundError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    ledger = Ledger(Settings().ledger_url)
+    settings = Settings()
+    ledger = Ledger(settings.ledger_url)
     missing = {p: report.missing_trials(spec, ledger) for p, spec in specs.items()}
     todo = [p for p, trials in missing.items() if trials]
     print(f"claims report: {len(pairs)} claims over {len(specs)} specs; "
@@ -290,7 +291,7 @@ def _report(args: argparse.Namespace) -> int:
                 return 2
     from mlflow import MlflowClient
 
-    client = MlflowClient(Settings().tracking_uri)  # asked only by test-time arms
+    client = MlflowClient(settings.tracking_uri)  # asked only by test-time arms
     results = [report.evaluate(claim, specs[path], ledger,
                                lambda run_id: client.get_run(run_id).data.metrics)
                for claim, path in pairs]

@@ -141,13 +141,13 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
                     values[seed] = value
             if values:
                 tests[arm] = nearest[arm] = values
-                here_arm = here[variant]
                 all_tests[(dataset, size, arm)] = list(values.values())
+                test = _pm(list(values.values()), "{:.3f}")  # the trained model's: one value
+                chosen = [here[variant][seed] for seed in values]
                 arms.append({"dataset": dataset, "size": size, "variant": arm,
-                             "seeds": len(values), "test": _pm(list(values.values()), "{:.3f}"),
-                             "test (nearest LR)": _pm(list(values.values()), "{:.3f}"),
-                             "LR (val)": _pm([here_arm[s].nearest_lr for s in values], "{:.2e}"),
-                             "at grid edge": f"{sum(here_arm[s].at_edge for s in values)} of "
+                             "seeds": len(values), "test": test, "test (nearest LR)": test,
+                             "LR (val)": _pm([c.nearest_lr for c in chosen], "{:.2e}"),
+                             "at grid edge": f"{sum(c.at_edge for c in chosen)} of "
                                              f"{len(values)}"})
         for variant, by_seed in sorted(here.items()):
             values = [c.test for c in by_seed.values()]

@@ -3,7 +3,6 @@ across resumes, and through tracking-server outages without losing a point."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -13,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from workloads.core.reach import check_tracking
+from workloads.runtime.environ import environ
 
 log = logging.getLogger(__name__)
 
@@ -178,23 +178,12 @@ class MetricSink:
         return self._metric(p["key"], p["value"], p["timestamp"], p["step"])
 
 
-@contextlib.contextmanager
-def _one_try() -> Iterator[None]:
+def _one_try():
     """MLflow's HTTP requests in this block: no retry, at most ``_SEND_TIMEOUT_S`` each (MLflow
     reads these settings from the environment on every request; the sink's caller, the train
     loop, makes no other MLflow request meanwhile)."""
-    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-             "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_SEND_TIMEOUT_S)}
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(names)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return environ({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+                    "MLFLOW_HTTP_REQUEST_TIMEOUT": str(_SEND_TIMEOUT_S)})
 
 
 def _rejected(e: Exception) -> bool:

@@ -43,6 +43,7 @@ from workloads.core.trial import Job
 from workloads.runtime import allocator, hardware
 from workloads.runtime.checkpoints import newest_good, problem, write_manifest
 from workloads.runtime.engine import DeepSpeedEngine, Engine, Optimizer, Scheduler, TorchEngine
+from workloads.runtime.environ import environ
 from workloads.runtime.metrics import MetricSink
 from workloads.runtime.timing import PhaseClock
 
@@ -398,9 +399,7 @@ def one_rank_process_group() -> Iterator[None]:
         port = s.getsockname()[1]
     launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port)}
-    before = {k: os.environ.get(k) for k in launcher}
-    os.environ.update(launcher)
-    try:
+    with environ(launcher):
         if cuda:
             torch.cuda.set_device(0)
         dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1,
@@ -409,10 +408,4 @@ def one_rank_process_group() -> Iterator[None]:
             yield
         finally:
             dist.destroy_process_group()
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 

@@ -216,20 +216,18 @@ class DebianEnglishSource:
         from workloads.lm.data import debian  # here: ``python -m`` runs that module as a CLI
 
         self.cache_dir = Path(cache_dir) / "debian"
-        self.debs = [debian.fetch(name, self.cache_dir) for name in debian.PACKAGES]
+        self.packages = list(debian.PACKAGES)
+        self.debs = [debian.fetch(name, self.cache_dir) for name in self.packages]
+        self._documents = debian.documents
 
     def local_bytes(self) -> int:
         return sum(path.stat().st_size for path in self.debs)
 
     def parts(self) -> list[str]:
-        from workloads.lm.data import debian
-
-        return list(debian.PACKAGES)
+        return self.packages
 
     def read(self, part: str) -> Iterator[list[Document]]:
-        from workloads.lm.data import debian
-
-        docs = (Document(doc_id, text) for doc_id, text in debian.documents(part, self.cache_dir))
+        docs = (Document(doc_id, text) for doc_id, text in self._documents(part, self.cache_dir))
         while batch := list(itertools.islice(docs, _STREAM_BATCH)):
             yield batch
 
