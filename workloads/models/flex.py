@@ -6,11 +6,19 @@ query's own key, with the learned self/cross bias, is merged in after the kernel
 log-sum-exp, so that no learnable scalar is read inside it (``alibi_flex_attention``). On a GPU
 the kernel is compiled (``torch.compile``, Triton); on a CPU torch runs FlexAttention's unfused
 eager implementation, forward only.
+
+The compiled kernel takes FlexAttention's tuning options (block sizes, warps, pipeline stages
+and flags; ``FlexKernelOptions``, prefixed ``fwd_``/``bwd_`` for one pass): those measured
+fastest for the card, head width and dtype (``TUNED_OPTIONS``), else Inductor's choice; the JSON
+object in the environment variable ``CEMLAB_FLEX_KERNEL_OPTIONS``, read at import, replaces
+them. ``python -m workloads.lm.attention_bench --sweep`` measures candidates on a card.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 
 import torch
 from torch.nn.attention.flex_attention import (
@@ -19,6 +27,47 @@ from torch.nn.attention.flex_attention import (
     create_block_mask,
     flex_attention,
 )
+
+
+def _kernel_options_from_env() -> dict:
+    """``CEMLAB_FLEX_KERNEL_OPTIONS`` as a dict (empty when unset).
+
+    Raises:
+        ValueError: the variable is set but is not a JSON object.
+    """
+    text = os.environ.get("CEMLAB_FLEX_KERNEL_OPTIONS", "").strip()
+    try:
+        options = json.loads(text) if text else {}
+    except ValueError:
+        options = None
+    if not isinstance(options, dict):
+        raise ValueError(f"CEMLAB_FLEX_KERNEL_OPTIONS: expected a JSON object, got {text!r}")
+    return options
+
+
+KERNEL_OPTIONS = _kernel_options_from_env()
+
+# {(compute capability, d_head, dtype): options}: the fastest set of `attention_bench --sweep`
+# at cem-134m's sizes (docs/benchmarks.md). On an H100 in bf16 at d_head 64: 64 x 64 tiles in
+# both passes (4 warps, 3 stages) and the causal mask's blocks taken as contiguous, a kernel call
+# with its backward 1.48 ms against Inductor's default 1.84 ms.
+TUNED_OPTIONS: dict[tuple[tuple[int, int], int, torch.dtype], dict] = {
+    ((9, 0), 64, torch.bfloat16): {
+        "BLOCKS_ARE_CONTIGUOUS": True,
+        "fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_warps": 4, "fwd_num_stages": 3,
+        "bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64,
+        "bwd_num_warps": 4, "bwd_num_stages": 3},
+}
+
+
+def kernel_options(q: torch.Tensor) -> dict | None:
+    """The compiled kernel's tuning options for queries ``q`` (K, B, T, E) on a CUDA device:
+    ``CEMLAB_FLEX_KERNEL_OPTIONS`` if set, else ``TUNED_OPTIONS`` for the device's compute
+    capability, E and q's dtype, else None (Inductor's defaults)."""
+    if KERNEL_OPTIONS:
+        return KERNEL_OPTIONS
+    props = torch.cuda.get_device_properties(q.device)
+    return TUNED_OPTIONS.get(((props.major, props.minor), q.shape[-1], q.dtype))
 
 
 @functools.cache
@@ -98,7 +147,8 @@ def alibi_flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     before, aux = attend(*(x.transpose(0, 1) for x in (q, k, v)),  # (K, B, T, .)
                          score_mod=score_mod if shared_scores is None else shared_score_mod,
                          scale=scale, return_aux=AuxRequest(lse=True),
-                         block_mask=strictly_causal_block_mask(q.shape[-2], q.device))
+                         block_mask=strictly_causal_block_mask(q.shape[-2], q.device),
+                         kernel_options=kernel_options(q) if q.is_cuda else None)
     before, before_lse = before.transpose(0, 1), aux.lse.transpose(0, 1)  # (B, K, T, .)
     lse = torch.logaddexp(before_lse, own)
     out = (before_lse - lse).exp()[..., None] * before + (own - lse).exp()[..., None] * v

@@ -39,3 +39,36 @@ def test_without_a_gpu_the_bench_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         attention_bench.main([])
+
+
+def test_every_swept_kernel_option_computes_the_same_attention(monkeypatch):
+    """Tuning options change how the kernel tiles the work, not what it computes: on a CPU
+    (eager FlexAttention, which takes and ignores them) every swept row equals the head-major
+    row with c, output and gradients."""
+    monkeypatch.setattr(flex_attention_module, "_validate_device", lambda *_: None)
+    cfg = ModelConfig(d_model=8, n_head=2, d_mlp=12, context_length=16)
+    x = attention_bench.inputs(cfg, 3, torch.device("cpu"), torch.float32)
+    options = {n: o for group in attention_bench.SWEEP.values() for n, o in group.items()}
+    swept = attention_bench.cases(x, flex_attention, options)
+    assert swept.keys() == options.keys()
+    reference = attention_bench.cases(x, flex_attention)["c bf16, head-major grid"]()
+    expected = torch.autograd.grad(reference.square().sum(), [x["q"], x["a"]])
+    for call in swept.values():
+        out = call()
+        torch.testing.assert_close(out, reference)
+        for a, b in zip(torch.autograd.grad(out.square().sum(), [x["q"], x["a"]]), expected,
+                        strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_the_merged_options_take_each_groups_fastest_that_beats_the_default():
+    fwd, bwd = attention_bench.SWEEP["forward"], attention_bench.SWEEP["backward"]
+    (f1, f2, f3), (b1, _, b3) = fwd, bwd
+    timed = {"default options": 2.0, "blocks contiguous": 2.5, f1: 1.9, f2: 1.7, f3: 2.1,
+             b1: 2.2, b3: 1.5}  # b2 failed to build: no time
+    assert attention_bench.merged_options(timed) == {**fwd[f2], **bwd[b3]}
+    assert attention_bench.merged_options({"default options": 1.0, f1: 1.1}) == {}
+    rows = [{"forward_backward_ms": 1.0}, {"forward_backward_ms": 3.0, "kernel_options": {}},
+            {"forward_backward_ms": 2.0, "kernel_options": fwd[f1]}]
+    assert attention_bench.best_options(rows) == fwd[f1]
+    assert attention_bench.best_options(rows[:1]) == {}
