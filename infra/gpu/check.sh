@@ -17,14 +17,8 @@
 # on CORPUS (a glob of text files; default the embedded Shakespeare, which a machine without
 # a network cannot fetch).
 set -u
-out=${1:-${OUT:-gpu-check}}
-budget=${2:-540}
-mkdir -p "$out"
-deadline=$(($(date +%s) + budget))
-log="$out/check.log"
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/cemlab-inductor}
-
-source "$(dirname "$0")/lib.sh"  # step
+source "$(dirname "$0")/lib.sh"  # begin, step
+begin "${1:-${OUT:-gpu-check}}" "${2:-540}" check.log
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \

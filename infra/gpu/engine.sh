@@ -15,15 +15,10 @@
 # the step time and tokens/s over steps 11-40, train_mfu, the profiled steps' wall and busy
 # time, the peak memory and the test loss, which every setting should share.
 set -u
-out=$(realpath -m "${1:-${OUT:-gpu-engine}}")
-budget=${2:-420}
-mkdir -p "$out"
-deadline=$(($(date +%s) + budget))
-log="$out/engine.log"
 here=$(cd "$(dirname "$0")/../.." && pwd)
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/cemlab-inductor}
+source "$here/infra/gpu/lib.sh"  # begin, step
+begin "${1:-${OUT:-gpu-engine}}" "${2:-420}" engine.log
 export CEMLAB_HOME=${CEMLAB_HOME:-/tmp/cemlab-home}  # one prepared corpus for every run
-source "$here/infra/gpu/lib.sh"  # step
 
 # DeepSpeed's own defaults for the two keys runtime.optim.deepspeed_config sets otherwise
 ds_own='"bf16":{"check_grad_overflow":true},"zero_optimization":{"contiguous_gradients":true}'

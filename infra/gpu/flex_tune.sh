@@ -14,13 +14,8 @@
 # Each step is lib.sh's `step` (its own process and time limit out of BUDGET_S, default 540);
 # logs and JSON go to OUT_DIR (default $OUT, else ./gpu-flex-tune).
 set -u
-out=${1:-${OUT:-gpu-flex-tune}}
-budget=${2:-540}
-mkdir -p "$out"
-deadline=$(($(date +%s) + budget))
-log="$out/tune.log"
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/cemlab-inductor}
-source "$(dirname "$0")/lib.sh"  # step
+source "$(dirname "$0")/lib.sh"  # begin, step
+begin "${1:-${OUT:-gpu-flex-tune}}" "${2:-540}" tune.log
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log"
 step sweep 270 workloads.lm.attention_bench --preset "${PRESET:-cem-134m}" --sweep \

@@ -1,5 +1,13 @@
-# Sourced by the GPU scripts (check.sh, engine.sh): `step` runs one budgeted Python step.
-# The caller sets `deadline` (epoch seconds) and `log` (the file every step appends to).
+# Sourced by the GPU scripts (check.sh, engine.sh, flex_tune.sh): `begin` sets up a budgeted
+# run, `step` runs one budgeted Python step of it.
+
+begin() {  # begin OUT_DIR BUDGET_S LOG_NAME: sets out (made, absolute), deadline (epoch s), log
+  out=$(realpath -m "$1")
+  mkdir -p "$out"
+  deadline=$(($(date +%s) + $2))
+  log="$out/$3"
+  export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/cemlab-inductor}
+}
 
 step() {  # step NAME LIMIT_S MODULE ARGS...: python -m MODULE ARGS, cut off at LIMIT_S or the budget
   local name=$1 limit=$2 module=$3 left
