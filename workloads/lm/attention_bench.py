@@ -138,8 +138,11 @@ def cases(x: dict[str, torch.Tensor], attend: Callable,
                         return_aux=AuxRequest(lse=True), kernel_options=tuning or None)
         return out.transpose(0, 1) if head_major else out
 
+    def kernel_with_c(tuning: dict) -> torch.Tensor:
+        return kernel(shared(), head_major=True, tuning=tuning)
+
     if options is not None:
-        return {name: functools.partial(lambda t: kernel(shared(), True, t), tuning)
+        return {name: functools.partial(kernel_with_c, tuning=tuning)
                 for name, tuning in options.items()}
     return {
         "no shared scores": lambda: kernel(None, head_major=True),
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
     parser.add_argument("--sweep", action="store_true",
-                        help="add the floors and the kernel tuning options' rows")
+                        help="time the floors and the kernel tuning options' rows instead")
     parser.add_argument("--best-out", help="write the fastest swept kernel options (JSON, as "
                         "CEMLAB_FLEX_KERNEL_OPTIONS takes them) to this file")
     args = parser.parse_args(argv)

@@ -61,7 +61,7 @@ TUNED_OPTIONS: dict[tuple[tuple[int, int], int, torch.dtype], dict] = {
 
 
 def kernel_options(q: torch.Tensor) -> dict | None:
-    """The compiled kernel's tuning options for queries ``q`` (K, B, T, E) on a CUDA device:
+    """The compiled kernel's tuning options for queries ``q`` (..., T, E) on a CUDA device:
     ``CEMLAB_FLEX_KERNEL_OPTIONS`` if set, else ``TUNED_OPTIONS`` for the device's compute
     capability, E and q's dtype, else None (Inductor's defaults)."""
     if KERNEL_OPTIONS:

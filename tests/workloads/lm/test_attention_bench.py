@@ -42,9 +42,9 @@ def test_without_a_gpu_the_bench_says_so_in_one_line(monkeypatch, capsys):
 
 
 def test_every_swept_kernel_option_computes_the_same_attention(monkeypatch):
-    """Tuning options change how the kernel tiles the work, not what it computes: on a CPU
-    (eager FlexAttention, which takes and ignores them) every swept row equals the head-major
-    row with c, output and gradients."""
+    """Every swept row is the head-major kernel with c under its options: on a CPU, where eager
+    FlexAttention takes the options and ignores them, each equals the head-major row with c,
+    output and gradients (the GPU test holds the tuned compiled kernel to the explicit path)."""
     monkeypatch.setattr(flex_attention_module, "_validate_device", lambda *_: None)
     cfg = ModelConfig(d_model=8, n_head=2, d_mlp=12, context_length=16)
     x = attention_bench.inputs(cfg, 3, torch.device("cpu"), torch.float32)
