@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
 from workloads.core.architecture import PRESETS, ModelConfig
@@ -75,11 +74,12 @@ def _forever(loader: DataLoader, sampler: DistributedSampler, skip: int = 0):
 
 
 @torch.no_grad()
-def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], dataset: PackedSequences,
-                 indices: Iterable[int], batch_size: int, device: torch.device,
-                 ) -> tuple[float, int]:
+def sequence_nll(model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 dataset: PackedSequences, indices: Iterable[int], batch_size: int,
+                 device: torch.device) -> tuple[float, int]:
     """Summed next-token NLL (nats, float64) and token count of ``model`` over the sequences
-    ``indices`` of ``dataset``, ``batch_size`` at a time. Index -1 is padding: it runs (so that
+    ``indices`` of ``dataset``, ``batch_size`` at a time; ``model(x, y)`` scores each position
+    (``DecoderLM``'s targets path: no logits are kept). Index -1 is padding: it runs (so that
     every rank runs the same passes) but is not counted."""
     indices = list(indices)
     nll_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
@@ -88,9 +88,7 @@ def sequence_nll(model: Callable[[torch.Tensor], torch.Tensor], dataset: PackedS
         xs, ys = zip(*(dataset[max(i, 0)] for i in idx))
         x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
         keep = torch.tensor([i >= 0 for i in idx], device=device)
-        logits = model(x)  # (B, T, vocab)
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
-        nll = nll.view_as(y)[keep]
+        nll = model(x, y)[keep]  # (B, T) -> the kept sequences
         nll_sum += nll.sum().double()
         count += nll.numel()
     return nll_sum.item(), count

@@ -2,11 +2,12 @@
 model) and a plain PyTorch engine (in-process runs, and DDP replicas under Ray Train).
 
 Both drive an optimizer and its LR schedule built by the caller (``runtime.optim``, from the
-``optimizer`` and ``schedule`` sections) and take micro-batches: ``engine(x)`` forward,
-``engine.backward(loss)`` (the loss of one micro-batch; gradients are averaged over
-``grad_accum`` micro-batches), ``engine.step()`` after every micro-batch (the optimizer steps,
-with gradient clipping and the LR schedule, at every ``grad_accum``-th call), ``engine.lr()``
-the learning rate the next optimizer step uses. They are built from the ``engine`` section.
+``optimizer`` and ``schedule`` sections) and take micro-batches: ``engine(x)`` forward
+(``engine(x, y)`` where the model scores targets ``y`` itself), ``engine.backward(loss)`` (the
+loss of one micro-batch; gradients are averaged over ``grad_accum`` micro-batches),
+``engine.step()`` after every micro-batch (the optimizer steps, with gradient clipping and the
+LR schedule, at every ``grad_accum``-th call), ``engine.lr()`` the learning rate the next
+optimizer step uses. They are built from the ``engine`` section.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class Engine(ABC):
     name: str  # for logs: "torch", "DeepSpeed ZeRO-2"
     compiled = False  # whether ``module``'s forward runs through torch.compile
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.module(x)
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.module(*inputs)
 
     def train(self) -> None:
         self.module.train()
@@ -91,9 +92,9 @@ class TorchEngine(Engine):
         self.optimizer, self.scheduler = optimizer, scheduler
         self._micro_steps = 0
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bf16"):
-            return self.module(x)
+            return self.module(*inputs)
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.grad_accum).backward()

@@ -32,6 +32,21 @@ def test_forward_shape_and_causality(attention, mlp):
     assert not torch.allclose(model(changed)[:, 10:], logits[:, 10:])
 
 
+@pytest.mark.parametrize("vocab_size", [512, 8192])  # 300 rows: one block; blocks of 128
+def test_scoring_targets_gives_each_positions_nll_from_the_logits(vocab_size):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("nano", attention="cem", mlp="cem", vocab_size=vocab_size)
+    model = build_model(cfg).eval()
+    idx, targets = (torch.randint(0, vocab_size, (5, 60)) for _ in range(2))
+    with torch.no_grad():
+        nll = model(idx, targets)
+        logits = model(idx).double()
+    # -log softmax at the target, in float64, from the logits path
+    expected = logits.logsumexp(-1) - logits.gather(-1, targets[..., None]).squeeze(-1)
+    assert nll.shape == (5, 60) and nll.dtype == torch.float32
+    torch.testing.assert_close(nll.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_sequence_longer_than_context_is_rejected():
     cfg = ModelConfig.from_preset("nano")
     with pytest.raises(ValueError, match="context_length"):
