@@ -336,6 +336,24 @@ def close(books: Books, done: bool) -> None:
     print(f"\nMLflow: {url or uri}\nDashboard: make dashboard", flush=True)
 
 
+def submission_time() -> float:
+    """When this driver's job was submitted to the Ray cluster (``ray job submit``), UNIX
+    seconds, from the cluster's job records: the job's runtime environment and this driver's
+    start and imports count in ``time/first_step_s``. Now for a driver started any other way
+    (``cemlab run`` in a shell), and where no job server answers."""
+    from ray.job_submission import JobSubmissionClient, JobType
+
+    if not ray.is_initialized():  # a submitted job's driver has joined its cluster by now
+        return time.time()
+    job_id = ray.get_runtime_context().get_job_id()
+    try:
+        jobs = JobSubmissionClient().list_jobs()
+    except Exception:  # a cluster without its job server: no job was submitted to it
+        return time.time()
+    return next((job.start_time / 1000 for job in jobs if job.job_id == job_id
+                 and job.type == JobType.SUBMISSION and job.start_time), time.time())
+
+
 def run_experiment(spec: ExperimentSpec, spec_yaml: str, cache: bool = True) -> bool:
     """Run every trial of ``spec`` not yet FINISHED in the ledger; analyse; register. With
     ``cache``, a trial that another experiment of the ledger has FINISHED is copied from it,
@@ -350,9 +368,10 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str, cache: bool = True) -> 
     Returns:
         True when every trial of the grid has finished.
     """
-    started, submitted_at = time.perf_counter(), time.time()
+    started = time.perf_counter()
     settings = Settings()
     check_services(settings)
+    submitted_at = submission_time()
     prepared, trials = prepare(spec, settings)
     books = open_books(spec, spec_yaml, settings)
     owner = leases.owner_id()

@@ -534,6 +534,15 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
     assert f"{failed.trial_hash} failed: WorkerGroupError: Training failed" in status.stdout
 
 
+JOB_START_TIMES = """
+import json, sys
+from ray.job_submission import JobSubmissionClient, JobType
+jobs = JobSubmissionClient().list_jobs()
+print(json.dumps([j.start_time / 1000 for j in jobs
+                  if j.type == JobType.SUBMISSION and sys.argv[1] in j.entrypoint]))
+"""
+
+
 def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tmp_path):
     home, env = services
     spec = {**SPEC, "name": "twice", "variants": {"llama": {}}, "learning_rates": [0.004],
@@ -566,9 +575,20 @@ def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tm
     trial_runs = [r for r in runs if r.data.tags.get("cemlab.role") == "trial"]
     assert len(runs) == 3 and sorted(r.info.run_id for r in trial_runs) == sorted(
         r.mlflow_run_id for r in rows)  # one parent run, one run per trial
+    # The first step counts from the submission as Ray's job server recorded it, so the job's
+    # runtime environment and its driver's start count too.
+    listed = subprocess.run([sys.executable, "-c", JOB_START_TIMES, str(spec_path)], env=env,
+                            text=True, capture_output=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    submitted = json.loads(listed.stdout)  # UNIX s of each submission
+    assert len(submitted) == 2
     for run in trial_runs:  # each trained once: every step logged exactly once
-        steps = sorted(x.step for x in client.get_metric_history(run.info.run_id, "loss"))
+        losses = client.get_metric_history(run.info.run_id, "loss")
+        steps = sorted(x.step for x in losses)
         assert steps == list(range(1, 41)), run.info.run_id
+        step_1_done = next(x.timestamp for x in losses if x.step == 1) / 1000
+        first_step_s = run.data.metrics["time/first_step_s"]
+        assert step_1_done - max(submitted) - 2 < first_step_s < step_1_done - min(submitted)
         versions = client.search_model_versions(
             f"name = 'cemlab-llama-nano' and run_id = '{run.info.run_id}'")
         assert len(versions) <= 1  # both submissions register; one version per run stays
