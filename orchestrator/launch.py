@@ -1,40 +1,38 @@
-"""Ray Tune over a grid of trials, trained in packs: each pack one Ray Train run
-(``TorchTrainer``) whose worker group trains the pack's same-shaped trials in turn.
+"""Ray Tune over a grid of trials, trained in packs: each pack one Ray Train run (``TorchTrainer``)
+whose worker group trains the pack's same-shaped trials in turn.
 
-``packs`` groups the trials by shape (resources; on GPUs also the model, whose compile cache
-then stays warm) and splits each group into as many packs as run at once, balanced by FLOPs
-(``resources.reuse_workers: false``: a pack per trial). Tune runs ``pack_driver`` once per pack;
-the driver starts the pack's ``TorchTrainer`` with its workload's ``train_loop_per_worker``
-bound to the jobs (the typed ``Job`` s and the workload are all that cross to the workers).
-Its Train controller, on the driver's node, settles each trial as the workers report it
-(``SettleTrials``): RUNNING when it starts, FINISHED with its metrics, checkpoint and time
-split when its final checkpoint is in; the ledger decides, MLflow follows (``record``), only
-under the trial's lease. A trial whose Train run fails is recorded FAILED by the driver, which
-starts the trials after it in a new run; a driver that dies is settled by its submission
-(``SettleFailures``).
+``packs`` (``orchestrator.packs``) groups the trials by shape (resources; on GPUs also the
+model, whose compile cache then stays warm) and splits each group into as many packs as run at
+once, balanced by FLOPs (``resources.reuse_workers: false``: a pack per trial). Tune runs
+``pack_driver`` once per pack; the driver starts the pack's ``TorchTrainer`` with its workload's
+``train_loop_per_worker`` bound to the jobs (the typed ``Job`` s and the workload are all the
+train function carries). Its Train controller, on the driver's node, settles each trial as the
+workers report it (``SettleTrials``, ``orchestrator.settle``: Ray Train unpickles it in every
+worker too, so it imports neither MLflow nor the ledger until the controller uses them): RUNNING
+when it starts, FINISHED with its metrics, checkpoint and time split when its final checkpoint
+is in; the ledger decides, MLflow follows (``record``), only under the trial's lease. A trial
+whose Train run fails is recorded FAILED by the driver, which starts the trials after it in a
+new run; a driver that dies is settled by its submission (``SettleFailures``).
 
 The Train run is named after its trials under ``ray_results/trials/<experiment>`` of the storage
 root (a local path, or ``s3://...`` that every node reaches). A worker group that restarts
 (``resources.max_failures``, a worker or its node died) resumes each trial from its own newest
-checkpoint that verifies; a trial resubmitted later also looks in the run that trained it
-before (the ledger's ``checkpoint_path``). Ray Train keeps each trial's final checkpoint and the
-two newest others (``workloads.core.pack``): the previous one is the fallback when the latest
-does not verify (``workloads.runtime.checkpoints``).
+checkpoint that verifies; a trial resubmitted later also looks in the run that trained it before
+(the ledger's ``checkpoint_path``). Ray Train keeps each trial's final checkpoint and the two
+newest others (``workloads.core.pack``): the previous one is the fallback when the latest does
+not verify (``workloads.runtime.checkpoints``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 import ray.tune
-from mlflow import MlflowClient
 from ray.train import (
     CheckpointConfig,
     ControllerError,
@@ -42,20 +40,17 @@ from ray.train import (
     RunConfig,
     ScalingConfig,
     TrainingFailedError,
-    UserCallback,
 )
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from orchestrator import tracking
-from orchestrator.ledger import Ledger, Status
+from orchestrator.ledger import Status
+from orchestrator.packs import TRIALS_DIR, Pack, Task, packs
+from orchestrator.settle import SettleTrials, ledger_for, record_task
 from workloads.core import pack as pack_protocol
 from workloads.core.config import TRIAL_ACTORS_GB
 from workloads.core.storage import StorageRoot
-from workloads.core.trial import Job, Trial
-from workloads.core.workload import Workload
 
-_TRIALS = ("ray_results", "trials")  # Ray Train runs under the storage root, by experiment
 _TUNE = ("ray_results", "tune")  # Ray Tune's experiment state, one directory per submission
 # Ray Train settings every trial's controller and workers get (Ray Train propagates them from
 # the trial's driver), unless the environment already sets them: the controller polls its
@@ -76,184 +71,11 @@ def driver_resources() -> dict[str, float]:
             f"node:{ray.util.get_node_ip_address()}": 0.001}
 
 
-@dataclass(frozen=True)
-class Task:
-    """One pending trial of experiment ``experiment``: its ``Job``, the ``Workload`` that
-    trains it, its ledger row, where the ledger is, the storage root its checkpoints go to (the
-    same trial in two experiments keeps two runs: each resumes only its own), and the lease it
-    is trained under (``owner``, renewed for ``lease_s`` seconds); when its submission started
-    (``submitted_at``) and handed it to Ray Tune (``queued_at``), UNIX seconds."""
-
-    job: Job
-    workload: Workload
-    experiment: str
-    row_id: int
-    ledger_url: str
-    storage: StorageRoot
-    owner: str
-    lease_s: float
-    submitted_at: float | None = None
-    queued_at: float | None = None
-
-    @property
-    def trial_id(self) -> str:
-        return self.job.trial.trial_id
-
-    @property
-    def label(self) -> str:
-        return self.job.trial.label
-
-
-@dataclass(frozen=True)
-class Pack:
-    """Same-shaped trials that one Ray Train run trains in turn, in this order."""
-
-    tasks: tuple[Task, ...]
-
-    @property
-    def name(self) -> str:
-        """``trial-<id>`` for one trial, else ``pack-<hash of the trial ids>``."""
-        if len(self.tasks) == 1:
-            return f"trial-{self.tasks[0].trial_id}"
-        ids = ",".join(t.trial_id for t in self.tasks)
-        return f"pack-{hashlib.sha256(ids.encode()).hexdigest()[:12]}"
-
-    @property
-    def label(self) -> str:
-        first = self.tasks[0].label
-        return first if len(self.tasks) == 1 else f"{first} +{len(self.tasks) - 1}"
-
-    def uri(self, *parts: str) -> str:
-        """URI of ``parts`` under this pack's Ray Train run directory."""
-        head = self.tasks[0]
-        return head.storage.uri_of(*_TRIALS, head.experiment, self.name, *parts)
-
-    def after(self, task: Task) -> Pack:
-        """The pack of the trials after ``task``."""
-        return Pack(self.tasks[self.tasks.index(task) + 1:])
-
-
-def shape(trial: Trial) -> tuple:
-    """What a worker group is kept for: the trial's workers and their resources, and on GPUs
-    its model too (the compiled model's cache stays warm for the next trial)."""
-    r = trial.resources
-    return (r.model_dump_json(), trial.model if r.use_gpu else None)
-
-
-def packs(tasks: list[Task], concurrency: int) -> list[Pack]:
-    """``tasks`` in packs: by ``shape``, each shape in as many packs as run at once
-    (``concurrency``), the trials dealt longest first (budget FLOPs) to the pack with the
-    fewest FLOPs so far, then each pack in the grid's order; a pack per trial where the
-    trial's ``resources.reuse_workers`` is off."""
-    order = {t.trial_id: i for i, t in enumerate(tasks)}
-    groups: dict[tuple, list[Task]] = {}
-    for t in tasks:
-        groups.setdefault(shape(t.job.trial), []).append(t)
-    out = []
-    for group in groups.values():
-        if not group[0].job.trial.resources.reuse_workers:
-            out += [Pack((t,)) for t in group]
-            continue
-        bins: list[tuple[float, list[Task]]] = [(0.0, []) for _ in range(min(concurrency,
-                                                                             len(group)))]
-        for t in sorted(group, key=lambda t: -t.job.trial.budget.flops):
-            i = min(range(len(bins)), key=lambda i: bins[i][0])
-            bins[i] = (bins[i][0] + t.job.trial.budget.flops, bins[i][1] + [t])
-        out += [Pack(tuple(sorted(b, key=lambda t: order[t.trial_id]))) for _, b in bins]
-    return sorted(out, key=lambda p: order[p.tasks[0].trial_id])
-
-
 def ray_storage(storage: StorageRoot, *parts: str) -> dict:
     """``RunConfig`` keywords that put a run under ``parts`` of the storage root."""
     fs, _ = storage.filesystem()
     return {"storage_path": storage.path(*parts),
             "storage_filesystem": fs if storage.is_remote else None}
-
-
-def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, status: Status,
-           *, owner: str | None = None, **fields) -> bool:
-    """Set a trial's status (and ``fields``) in the ledger, then make its MLflow run follow;
-    with ``owner``, only while ``owner`` holds the trial's lease. Returns whether it did."""
-    if ledger.update_trial(row_id, owner=owner, status=status, **fields) is None:
-        return False
-    tracking.mirror_status(client, run_id, status)
-    return True
-
-
-@functools.cache
-def _ledger(url: str) -> Ledger:
-    """One ``Ledger`` (one connection pool) per URL in a driver's or controller's process:
-    Tune reuses a driver's process for the next pack (``reuse_actors``)."""
-    return Ledger(url)
-
-
-def _record(task: Task, status: Status, **fields) -> bool:
-    return record(_ledger(task.ledger_url), MlflowClient(task.job.tracking_uri), task.row_id,
-                  task.job.run_id, status, owner=task.owner, **fields)
-
-
-class SettleTrials(UserCallback):
-    """In a pack's Ray Train controller (on its driver's node): each trial RUNNING when its
-    workers report its start, its run directory recorded at its first checkpoint there (where a
-    later submission resumes it from), FINISHED (metrics, final checkpoint, then its time split
-    in MLflow) when they report its final checkpoint (``workloads.core.pack``), under its
-    submission's lease, once: a trial reported again after a restart of the worker group is
-    not settled twice. It lives in the controller's process, so it tells the driver nothing:
-    the ledger does. A ledger or MLflow error is printed, not raised: raised, it would fail the
-    controller and with it the pack's other trials."""
-
-    def __init__(self, pack: Pack) -> None:
-        self.pack = pack
-        self.tasks = {t.trial_id: t for t in pack.tasks}
-        self.started: dict[str, float] = {}  # when each trial's clock started, UNIX seconds
-        self.checkpointed: set[str] = set()  # trials with a checkpoint in this run
-        self.settled: set[str] = set()
-
-    def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
-        reported = metrics[0]
-        task = self.tasks.get(reported.get(pack_protocol.TRIAL))
-        if task is None or task.trial_id in self.settled:
-            return
-        try:
-            if pack_protocol.STARTED_AT in reported:
-                self.started.setdefault(task.trial_id, reported[pack_protocol.STARTED_AT])
-                if not _record(task, Status.RUNNING):
-                    print(f"[cemlab] {task.label}: another submission holds its lease now",
-                          flush=True)
-            elif pack_protocol.FINAL in reported:
-                self.settle(task, reported, checkpoint.path if checkpoint
-                            else reported[pack_protocol.CHECKPOINT])
-            elif checkpoint and task.trial_id not in self.checkpointed:
-                self.checkpointed.add(task.trial_id)
-                _ledger(task.ledger_url).update_trial(task.row_id, owner=task.owner,
-                                                      checkpoint_path=self.pack.uri())
-        except Exception as e:  # the ledger or MLflow: the trial settles on a later report
-            print(f"[cemlab] {task.label}: could not record its report ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0] if str(e) else ''})", flush=True)
-
-    def settle(self, task: Task, reported: dict, checkpoint_path: str) -> None:
-        """Record ``task`` FINISHED with ``reported``'s metrics and its final checkpoint, then
-        its time split when this run started it."""
-        workload = task.workload
-        if not _record(task, Status.FINISHED, metric=reported[workload.metric],
-                       val_metric=reported[workload.selection_metric], error=None,
-                       checkpoint_path=_uri(task, checkpoint_path)):
-            print(f"[cemlab] {task.label}: finished, but another submission took its lease "
-                  "over meanwhile: that one records it", flush=True)
-            return
-        self.settled.add(task.trial_id)
-        print(f"[cemlab] {task.label}: FINISHED ({workload.metric} "
-              f"{reported[workload.metric]:.4g})", flush=True)
-        started = self.started.get(task.trial_id)
-        if started is not None:
-            tracking.log_timing(MlflowClient(task.job.tracking_uri), task.job.run_id,
-                                tracking.breakdown(reported, started, time.time(),
-                                                   task.queued_at, task.submitted_at))
-
-
-def _uri(task: Task, path: str) -> str:
-    """The URI of ``path`` (a path on the storage root's filesystem, under the root)."""
-    return task.storage.uri_of(path.removeprefix(task.storage.root).strip("/"))
 
 
 def _trainer(pack: Pack, settle: SettleTrials) -> TorchTrainer:
@@ -267,7 +89,7 @@ def _trainer(pack: Pack, settle: SettleTrials) -> TorchTrainer:
                                          "memory": r.memory_per_worker_gb * 2**30},
                                      placement_strategy=r.placement_strategy),
         run_config=RunConfig(name=pack.name,
-                             **ray_storage(head.storage, *_TRIALS, head.experiment),
+                             **ray_storage(head.storage, *TRIALS_DIR, head.experiment),
                              checkpoint_config=CheckpointConfig(
                                  num_to_keep=pack_protocol.num_to_keep(len(pack.tasks)),
                                  checkpoint_score_attribute=pack_protocol.KEEP,
@@ -338,7 +160,7 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
         failed = next((t for t in pack.tasks if _status(t) != Status.FINISHED), None)
         if failed is None:
             return
-        if _record(failed, Status.FAILED, error=error_text(error)):
+        if record_task(failed, Status.FAILED, error=error_text(error)):
             print(f"[cemlab] {failed.label}: FAILED ({error.splitlines()[0]})", flush=True)
         pack = Pack(tuple(t for t in pack.after(failed).tasks
                           if _status(t) != Status.FINISHED and _held(t)))
@@ -346,11 +168,11 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
 
 def _held(task: Task) -> bool:
     """Whether ``task``'s submission holds its trial's lease (acquired or renewed now)."""
-    return _ledger(task.ledger_url).acquire(task.row_id, task.owner, task.lease_s).acquired
+    return ledger_for(task.ledger_url).acquire(task.row_id, task.owner, task.lease_s).acquired
 
 
 def _status(task: Task) -> Status | None:
-    row = _ledger(task.ledger_url).trial_by_id(task.row_id)
+    row = ledger_for(task.ledger_url).trial_by_id(task.row_id)
     return row.status if row else None
 
 
@@ -391,7 +213,7 @@ class SettleFailures(ray.tune.Callback):
         for task in self.packs[trial.config["pack"]].tasks:
             if _status(task) in (Status.FINISHED, Status.FAILED):
                 continue
-            if _record(task, Status.FAILED, error=error):
+            if record_task(task, Status.FAILED, error=error):
                 print(f"[cemlab] {task.label}: FAILED ({error.splitlines()[0]})", flush=True)
 
 

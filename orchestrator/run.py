@@ -36,6 +36,7 @@ from orchestrator import brackets, leases, tracking
 from orchestrator import launch as tune
 from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.model_registry import register_best
+from orchestrator.packs import Task
 from orchestrator.plan import (
     SUMMARY_ABOVE,
     arm_cells,
@@ -55,6 +56,7 @@ from orchestrator.results import (
     store_on_parent,
 )
 from orchestrator.settings import Settings
+from orchestrator.settle import record
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.core.reach import ServiceError, check_database, check_tracking, node_only
@@ -166,7 +168,7 @@ def open_books(spec: ExperimentSpec, spec_yaml: str, settings: Settings) -> Book
 
 def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: Books,
           owner: str, cache: bool = True, lr_round: int = 0,
-          ) -> tuple[list[tune.Task], list[Trial]]:
+          ) -> tuple[list[Task], list[Trial]]:
     """A ledger row per trial of ``spec`` (with ``lr_round``, the bracket round that added their
     learning rates); for each unfinished trial whose lease ``owner`` gets (no other live
     submission holds it, in this experiment or another), with ``cache`` and a FINISHED row of the
@@ -206,12 +208,12 @@ def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
             or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
                                         books.parent_run_id, trial, spec.workload_impl.section,
                                         prepared.metrics, lr_round))
-        tune.record(books.ledger, books.client, row.id, run_id, Status.PENDING,
+        record(books.ledger, books.client, row.id, run_id, Status.PENDING,
                     mlflow_run_id=run_id)
         earlier = row.checkpoint_path and books.settings.storage.path_of_uri(row.checkpoint_path)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id,
                   earlier_runs=(earlier,) if earlier else ())
-        tasks.append(tune.Task(job, spec.workload_impl, books.experiment, row.id,
+        tasks.append(Task(job, spec.workload_impl, books.experiment, row.id,
                                books.settings.ledger_url, books.settings.storage, owner,
                                books.settings.lease_s))
     return tasks, held
@@ -233,7 +235,7 @@ def settle_from_cache(trial: Trial, row: TrialRow, source: TrialRow, books: Book
           f"'{where}' (run {source.mlflow_run_id})", flush=True)
 
 
-def launch(spec: ExperimentSpec, tasks: list[tune.Task], settings: Settings,
+def launch(spec: ExperimentSpec, tasks: list[Task], settings: Settings,
            submitted_at: float | None = None) -> None:
     """Run ``tasks`` of the submission started at ``submitted_at`` (UNIX seconds) with Ray Tune
     (``connect``)."""

@@ -3,8 +3,14 @@ checkpoints, and what it records of a failed driver: the exception it raised, re
 error.txt (the shape below is that of a real one, from the end-to-end failed-trial test,
 shortened)."""
 
-from orchestrator.launch import Pack, Task, failure_text, packs
+import pickle
+import subprocess
+import sys
+
+from orchestrator.launch import failure_text
+from orchestrator.packs import Pack, Task, packs
 from orchestrator.plan import plan
+from orchestrator.settle import SettleTrials
 from orchestrator.spec import parse_spec
 from workloads.core.pack import checkpoint_name, keep_score, num_to_keep, parse_name
 from workloads.core.storage import StorageRoot
@@ -45,8 +51,9 @@ def test_a_failure_without_a_stack_is_kept_whole():
 
 def _tasks(spec: dict) -> list[Task]:
     storage = StorageRoot(uri="/tmp/cemlab-packs")
-    return [Task(Job(t), None, "packs", i, "sqlite://", storage, "me", 60.0)
-            for i, t in enumerate(plan(parse_spec(spec)))]
+    parsed = parse_spec(spec)
+    return [Task(Job(t), parsed.workload_impl, "packs", i, "sqlite://", storage, "me", 60.0)
+            for i, t in enumerate(plan(parsed))]
 
 
 PACKED = {"name": "packs", "data": {"source": "shakespeare", "vocab_size": 512},
@@ -105,3 +112,16 @@ def test_checkpoint_names_sort_by_step_and_final_ones_outscore_the_rest():
     others = [keep_score(p, s, False) for p in range(3) for s in (20, 40)]
     assert min(finals) > max(others) and others == sorted(others)
     assert num_to_keep(3) == 5
+
+
+def test_a_worker_unpickles_the_pack_callback_without_importing_mlflow_or_the_ledger():
+    """Ray Train sends a run's callbacks, and so the pack's ``SettleTrials``, to every worker;
+    unpickling it there must not import MLflow or SQLAlchemy (seconds of a core each, before
+    the worker's first step), which only the controller uses."""
+    heavy = ("mlflow", "sqlalchemy", "orchestrator.ledger", "orchestrator.tracking")
+    code = ("import pickle, sys; settle = pickle.loads(sys.stdin.buffer.read()); "
+            f"print(len(settle.tasks), *(m for m in {heavy!r} if m in sys.modules))")
+    callback = SettleTrials(Pack(tuple(_tasks(PACKED))))
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(callback),
+                         capture_output=True, check=True).stdout.decode().split()
+    assert out == [str(len(callback.tasks))]
