@@ -4,7 +4,8 @@ trial's status in the ledger with its MLflow run following (``record``).
 Ray Train ships a run's ``RunConfig``, callbacks included, to its controller and to every one of
 its workers, and each unpickles ``SettleTrials``, so each imports this module. Only the controller
 runs it: MLflow and the ledger (SQLAlchemy) are imported in the functions that use them, not
-here, and a worker does not import them (about 2.5 s of one core) before its first step.
+here, so unpickling it costs a worker neither (about 2 s of a core and 22 MiB; rank 0 still
+imports MLflow for its metrics).
 """
 
 from __future__ import annotations
