@@ -208,14 +208,13 @@ def claim(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
             or tracking.start_trial_run(books.client, books.mlflow_experiment_id,
                                         books.parent_run_id, trial, spec.workload_impl.section,
                                         prepared.metrics, lr_round))
-        record(books.ledger, books.client, row.id, run_id, Status.PENDING,
-                    mlflow_run_id=run_id)
+        record(books.ledger, books.client, row.id, run_id, Status.PENDING, mlflow_run_id=run_id)
         earlier = row.checkpoint_path and books.settings.storage.path_of_uri(row.checkpoint_path)
         job = Job(trial, prepared.data, books.settings.tracking_uri, run_id,
                   earlier_runs=(earlier,) if earlier else ())
         tasks.append(Task(job, spec.workload_impl, books.experiment, row.id,
-                               books.settings.ledger_url, books.settings.storage, owner,
-                               books.settings.lease_s))
+                          books.settings.ledger_url, books.settings.storage, owner,
+                          books.settings.lease_s))
     return tasks, held
 
 

@@ -90,7 +90,7 @@ class SettleTrials(UserCallback):
             elif checkpoint and task.trial_id not in self.checkpointed:
                 self.checkpointed.add(task.trial_id)
                 ledger_for(task.ledger_url).update_trial(task.row_id, owner=task.owner,
-                                                      checkpoint_path=self.pack.uri())
+                                                         checkpoint_path=self.pack.uri())
         except Exception as e:  # the ledger or MLflow: the trial settles on a later report
             print(f"[cemlab] {task.label}: could not record its report ({type(e).__name__}: "
                   f"{str(e).splitlines()[0] if str(e) else ''})", flush=True)
@@ -105,8 +105,8 @@ class SettleTrials(UserCallback):
 
         workload = task.workload
         if not record_task(task, Status.FINISHED, metric=reported[workload.metric],
-                       val_metric=reported[workload.selection_metric], error=None,
-                       checkpoint_path=_uri(task, checkpoint_path)):
+                           val_metric=reported[workload.selection_metric], error=None,
+                           checkpoint_path=_uri(task, checkpoint_path)):
             print(f"[cemlab] {task.label}: finished, but another submission took its lease "
                   "over meanwhile: that one records it", flush=True)
             return
