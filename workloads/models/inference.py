@@ -32,8 +32,7 @@ def token_nll(model: DecoderLM, ids: list[int]) -> tuple[int, float]:
     total = 0.0
     for start in range(0, len(ids) - 1, window):
         chunk = torch.tensor(ids[start:start + window + 1], device=device)
-        logits = model(chunk[None, :-1])[0].float()  # (T, vocab)
-        total += F.cross_entropy(logits, chunk[1:], reduction="sum").double().item()
+        total += model(chunk[None, :-1], chunk[None, 1:]).sum().double().item()  # (1, T) NLL
     return len(ids) - 1, total
 
 
