@@ -395,7 +395,8 @@ def write_report(results: list[ClaimResult], out: Path, scale: str, directory: s
                  claim_set: ClaimSet = CLAIM_SETS["paper"]) -> Path:
     """``out/REPORT.md``, ``out/claim-<key>.png`` (claims with effects) and ``out/ladder.png``
     (``claim_set.ladder``, two budgets or more), each written whole or not at all. Returns the
-    report's path.
+    report's path. A claim without effects loses the figure an earlier report drew for it, so
+    that no figure in ``out`` outlives the data the report now has.
 
     The commit the text names is read first: the figures of a report committed in the checkout
     are tracked files, and once rewritten they would mark the commit ``-dirty``.
@@ -405,8 +406,11 @@ def write_report(results: list[ClaimResult], out: Path, scale: str, directory: s
     ladder = ladder_figure(in_ladder, out / "ladder.png") if in_ladder else False
     text = markdown(results, scale, directory, claim_set.title, ladder, commit)
     for r in results:
+        drawn = out / f"claim-{r.claim.key}.png"
         if r.effects:
-            figure(r, out / f"claim-{r.claim.key}.png")
+            figure(r, drawn)
+        else:
+            drawn.unlink(missing_ok=True)
     path = out / "REPORT.md"
     with atomic_path(path) as tmp:
         tmp.write_text(text)

@@ -209,6 +209,9 @@ def test_the_report_and_its_figures_are_written(tmp_path):
                           (Comparison("cem-attn", "llama"),)), spec, ledger)
     empty = evaluate(Claim("y", "Nothing yet", "Later.", "Sec. 1", "fig1",
                            (Comparison("a", "b"),)), spec, ledger)
+    stale = tmp_path / "out" / "claim-y.png"  # drawn by an earlier report of claim (y)
+    stale.parent.mkdir()
+    stale.write_bytes(b"\x89PNG\r\n\x1a\n earlier")
     path = write_report([done, empty], tmp_path / "out", "cpu", "experiments/paper/")
     text = path.read_text()
     grid = f"own optimum on {LRS[0]:g}..{LRS[-1]:g} ({len(LRS)})"
