@@ -185,7 +185,11 @@ def setup(results: list[ClaimResult]) -> str:
     """The report's setup line: the claims' data, seeds and budget fraction per size (of the
     Chinchilla budget, for specs that set their budget so), said to be unequal where sizes
     differ in it (size then stands in for budget); the distinct finished trials, and the wall
-    clock from the first one's start to the last one's finish."""
+    clock from the first one's start to the last one's finish. Where some claims have finished
+    trials and others none, the line describes the former and names the latter."""
+    ran = [r for r in results if r.trial_ids]
+    idle = [f"({r.claim.key})" for r in results if not r.trial_ids] if ran else []
+    results = ran or results
     data = sorted({d for r in results for d in r.spec.workload_impl.datasets(
         r.spec.workload_config)})
     seeds = sorted({len(r.spec.seeds) for r in results})
@@ -210,8 +214,9 @@ def setup(results: list[ClaimResult]) -> str:
     wall = (f", {_hours(max(f for _, f in spans) - min(s for s, _ in spans))} from the first "
             "start to the last finish" if spans else "")
     trials = len(frozenset().union(*(r.trial_ids for r in results)))
+    not_run = f" Claims not run yet: {', '.join(idle)}." if idle else ""
     return (f"Setup: data {', '.join(data)}; {budget}; {'/'.join(map(str, seeds))} seeds per "
-            f"arm; {trials} distinct trials finished{wall}.")
+            f"arm; {trials} distinct trials finished{wall}.{not_run}")
 
 
 def _hours(span: dt.timedelta) -> str:

@@ -246,6 +246,15 @@ def test_the_report_states_data_seeds_budget_fraction_trials_and_wall(tmp_path):
     assert line == ("Setup: data shakespeare; budget fractions differ by size, so size stands "
                     "in for budget: nano 1, tiny 0.25; 3 seeds per arm; 0 distinct trials "
                     "finished.")
+    gp = parse_spec({"name": "gp", "workload": "gp_regression", "sizes": ["gp-small"],
+                     "variants": {"t1": {}}, "seeds": [0, 1, 2, 3, 4, 5, 6],
+                     "learning_rates": LRS})
+    idle = evaluate(Claim("y", "GP", "quote", "Sec. 1", "gp", (Comparison("t1", "t1"),)), gp,
+                    ledger)
+    both = setup([evaluate(claim, equal, ledger), idle])  # (y) has no finished trial
+    assert both.startswith("Setup: data shakespeare; every size (nano) on 0.25")
+    assert "; 3 seeds per arm; 18 distinct" in both
+    assert both.endswith(" Claims not run yet: (y).")
 
 
 def test_the_report_says_how_each_claim_sets_its_learning_rates():
