@@ -108,8 +108,19 @@ def text_files(pattern: str) -> tuple[list[str], dict[str, str]]:
     return usable, skipped
 
 
+def glob_root(pattern: str) -> str:
+    """The directory a glob ``pattern`` starts from: its leading components without a wildcard
+    (``*``, ``?``, ``[``), e.g. ``/data/books`` for ``/data/books/**/*.txt``; a pattern without
+    one names a file, whose directory it is."""
+    parts = pattern.split(os.sep)
+    fixed = list(itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts))
+    root = os.sep.join(fixed[:len(parts) - 1] if len(fixed) == len(parts) else fixed)
+    return root or (os.sep if pattern.startswith(os.sep) else os.curdir)
+
+
 class TextFilesSource:
-    """Local UTF-8 text files matching a glob; one file is one document, id = its path.
+    """Local UTF-8 text files matching a glob; one file is one document, id = its path relative
+    to the glob's root (``glob_root``), so the split is the same wherever the files lie.
 
     Files that are not text (``text_file_problem``: empty, binary, not UTF-8 at the start) are
     skipped, with their count and the first few in the log; a bad byte further in reads as
@@ -143,7 +154,7 @@ class TextFilesSource:
             encoding="utf-8", errors="replace")) for path in part]
 
     def doc_id(self, path: str) -> str:
-        return path
+        return os.path.relpath(path, glob_root(self.pattern))
 
 
 class ShakespeareSource(TextFilesSource):

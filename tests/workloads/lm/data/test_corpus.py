@@ -72,9 +72,10 @@ def test_tokenizer_is_trained_on_the_train_split_only(tmp_path):
     pattern = write_corpus(tmp_path / "c", n_docs=10, words_per_doc=2000)
     cfg = CorpusConfig(source="text_files", paths=pattern, vocab_size=400, val_fraction=0.1,
                        test_fraction=0.1)
-    splits = split_documents(sorted(TextFilesSource(pattern).paths), 0.1, 0.1, 0)
+    source = TextFilesSource(pattern)
+    splits = split_documents([source.doc_id(p) for p in source.paths], 0.1, 0.1, 0)
     test_doc = next(d for d, s in splits.items() if s == "test")
-    with open(test_doc, "a") as f:
+    with open(tmp_path / "c" / test_doc, "a") as f:
         f.write(" zyxwvutsrq" * 500)  # frequent, but only in a test document
     tok = Tokenizer.from_file(prepare_corpus(cfg, tmp_path / "cache").tokenizer_path)
     assert len(tok.encode(" zyxwvutsrq").ids) > 3

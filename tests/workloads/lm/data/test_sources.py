@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from workloads.lm.data import ShakespeareSource, TextFilesSource, documents, split_documents
-from workloads.lm.data.sources import SNIFF_BYTES, text_file_problem
+from workloads.lm.data.sources import SNIFF_BYTES, glob_root, text_file_problem
 
 
 def test_split_is_deterministic_disjoint_and_order_free():
@@ -63,8 +63,30 @@ def test_files_that_are_not_text_are_skipped_and_counted_in_the_log(tmp_path, ca
     assert text_file_problem(tmp_path / "e.txt") == "not UTF-8 (byte 0xef at offset 2)"
     with caplog.at_level(logging.WARNING):
         source = TextFilesSource(str(tmp_path / "*.txt"))
-    assert [d.doc_id for d in documents(source)] == [str(tmp_path / n) for n in sorted(good)]
+    assert [d.doc_id for d in documents(source)] == sorted(good)  # relative to tmp_path
     assert "skipped 3 of 5 files that are not text" in caplog.text
+
+
+@pytest.mark.parametrize("pattern, root", [
+    ("/data/books/**/*.txt", "/data/books"), ("/data/b?oks/a.txt", "/data"),
+    ("/data/books/a.txt", "/data/books"), ("books/[ab]*.txt", "books"), ("*.txt", "."),
+    ("/*.txt", "/")])
+def test_glob_root_is_the_patterns_leading_directory_without_a_wildcard(pattern, root):
+    assert glob_root(pattern) == root
+
+
+def test_text_files_ids_and_so_splits_do_not_depend_on_where_the_files_lie(tmp_path):
+    """The same files under two directories: the same ids (paths below the glob's root, sub-
+    directories kept), so the same split."""
+    ids = {}
+    for where in ("here", "there/deeper"):
+        for name in ("a", "b", "sub/c", "sub/d"):
+            path = tmp_path / where / f"{name}.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"text of {name}")
+        ids[where] = [d.doc_id for d in documents(
+            TextFilesSource(str(tmp_path / where / "**" / "*.txt")))]
+    assert ids["here"] == ids["there/deeper"] == ["a.txt", "b.txt", "sub/c.txt", "sub/d.txt"]
 
 
 @pytest.mark.slow
