@@ -4,6 +4,7 @@
     cemlab train --spec SPEC.yaml --trial 3               # trial 3 of a spec's plan
     cemlab train --spec SPEC.yaml --trial 3f2a9c1b        # ... or by its trial id
     cemlab train --spec SPEC.yaml --trial 3 --metrics-json m.json   # every metric to a file
+    cemlab train --spec SPEC.yaml --trial 0,1,2,3         # four trials as one stacked model
     cemlab train --preset llama-134m --engine deepspeed --zero-stage 1
     cemlab train --preset micro --engine deepspeed --profile 20     # a whole step's kernels
 
@@ -12,7 +13,10 @@
 (or ``--corpus``'s text files). The trial runs on one worker with the plain PyTorch engine, or
 with ``--engine deepspeed`` DeepSpeed's on a process group of this one process, as a one-worker
 Ray trial runs it. ``--zero-stage`` and ``--compile`` replace the trial's ``engine.zero_stage``
-and ``engine.compile``. It prints the loss as it trains, then the workload's report.
+and ``engine.compile``. It prints the loss as it trains, then the workload's report. Several
+trials (``--trial`` rows or ids, comma-separated) that differ in learning rate and seed only
+train as one stacked model on the plain PyTorch engine (``workloads.runtime.stacked``), each
+with the metrics it has alone.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from orchestrator.spec import ExperimentSpec, SpecError, load_spec, parse_spec
 from workloads.core.architecture import PRESETS
 from workloads.core.config import EngineConfig, deep_merged
 from workloads.core.paths import Paths
-from workloads.core.trial import Job
+from workloads.core.trial import Job, stack_key
 
 ENGINES = ("torch", "deepspeed")
 
@@ -41,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "the CPU sizes are Llama, cem-* the paper's best CEM; --attention/--mlp "
                       "override)")
     what.add_argument("--spec", help="an experiment spec; pick the trial with --trial")
-    parser.add_argument("--trial", help="with --spec: the plan's row number or a trial id")
+    parser.add_argument("--trial", help="with --spec: the plan's row number or a trial id; "
+                        "several, comma-separated, train as one stacked model")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the trial's "
                         "budget with --spec, 100 with --preset)")
     parser.add_argument("--attention", choices=["llama", "cem"],
@@ -174,15 +179,47 @@ def train(args: argparse.Namespace) -> dict[str, float]:
                         " or a trial id)")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     spec = load_spec(args.spec) if args.spec else preset_spec(args)
-    job = spec_job(spec, args.trial or "0", str(Paths().data_dir), args.spec or args.preset)
+    rows = (args.trial or "0").split(",")
+    jobs = [spec_job(spec, row.strip(), str(Paths().data_dir), args.spec or args.preset)
+            for row in rows]
     if args.spec and args.steps:
-        job = with_steps(job, args.steps)
+        jobs = [with_steps(job, args.steps) for job in jobs]
     if args.deepspeed is not None and args.engine != "deepspeed":
         raise SpecError("--deepspeed configures the DeepSpeed engine: add --engine deepspeed")
-    job = with_engine_options(job, args.zero_stage, args.compile, args.deepspeed)
+    if args.compile == "true" and args.engine != "deepspeed":
+        raise SpecError("--compile true: the plain PyTorch engine does not compile; add "
+                        "--engine deepspeed")
+    jobs = [with_engine_options(job, args.zero_stage, args.compile, args.deepspeed)
+            for job in jobs]
+    if len(jobs) > 1:
+        return train_stack(spec, jobs, args)
+    job = jobs[0]
     t = job.trial
     print(f"{t.label} ({t.workload}, {t.dataset}): {t.steps} steps, {t.tokens:,} "
           f"{spec.workload_impl.unit}, {t.params['total']:,} parameters, in-process "
           f"({t.micro_batch_size} per micro-batch x {t.grad_accum} accumulated per step), "
           f"{args.engine} engine", flush=True)
     return spec.workload_impl.train_here(job, args.engine, args.profile, args.metrics_json)
+
+
+def train_stack(spec: ExperimentSpec, jobs: list[Job], args: argparse.Namespace,
+                ) -> list[dict[str, float]]:
+    """Train ``jobs`` here as one stacked model and print their report; returns each one's
+    final metrics.
+
+    Raises:
+        SpecError: an engine other than the plain PyTorch one, a profile, or trials that differ
+            in more than learning rate and seed (one line).
+    """
+    if args.engine != "torch" or args.profile or args.metrics_json:
+        raise SpecError("--trial with several trials stacks them on the plain PyTorch engine: "
+                        "drop --engine deepspeed, --profile and --metrics-json")
+    t = jobs[0].trial
+    other = next((j.trial for j in jobs if stack_key(j.trial) != stack_key(t)), None)
+    if other is not None:
+        raise SpecError(f"--trial: {other.label} ({other.trial_id}) differs from {t.label} "
+                        f"({t.trial_id}) in more than lr and seed: they cannot share a stack")
+    print(f"{len(jobs)} trials of {t.variant}@{t.size} ({t.workload}, {t.dataset}) as one "
+          f"stack: {t.steps} steps, {t.tokens:,} {spec.workload_impl.unit} each, "
+          f"{t.params['total']:,} parameters each, in-process", flush=True)
+    return spec.workload_impl.train_stack_here(jobs)

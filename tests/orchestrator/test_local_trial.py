@@ -172,6 +172,9 @@ def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path, tr
     assert err == f"error: --trial '7': not a row (0..1) or trial id of {path}"
     err, _ = train_here("--spec", str(path), fails=True)
     assert err.startswith("error: --spec and --trial go together")
+    err, _ = train_here("--spec", str(path), "--trial", "1", "--compile", "true", fails=True)
+    assert err == ("error: --compile true: the plain PyTorch engine does not compile; add "
+                   "--engine deepspeed")
 
 
 def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_path, train_here):
@@ -223,3 +226,27 @@ def test_a_multi_worker_spec_trial_takes_its_whole_batch_per_step_in_process(
         histories[workers] = json.loads(metrics.read_text())["history"]["loss"]
     assert sorted(map(int, histories[2])) == list(range(1, 7))
     assert histories[2] == histories[1]
+
+
+def test_several_trials_of_a_spec_train_as_one_stack(corpus_glob, tmp_path, train_here):
+    """``--trial 0,1,2``: three learning rates of one arm (the plan's first three rows) in one
+    stack, a column each; trials of two arms (another architecture) cannot share one, and say
+    so in one line."""
+    spec = {"name": "lm-stack", "data": {"source": "text_files", "paths": corpus_glob,
+                                         "vocab_size": 512},
+            "sizes": ["nano"], "variants": {"cem": {"attention": "cem"}, "llama": {}},
+            "learning_rates": [0.002, 0.004, 0.008], "budget": {"tokens": 6 * 8 * 64},
+            "training": {"batch_size": 8, "eval_interval": 3, "eval_sequences": 8,
+                         "log_interval": 3},
+            "engine": {"precision": "fp32"}}
+    path = tmp_path / "lm.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out, logged = train_here("--spec", str(path), "--trial", "0,1,2")
+    assert "3 trials of cem@nano" in out and "a stack of 3 trials" in logged
+    header = next(line for line in out.splitlines() if line.startswith("metric"))
+    assert [f"cem@nano lr={lr} seed=0" in header for lr in (0.002, 0.004, 0.008)] == [True] * 3
+    row = next(line for line in out.splitlines() if line.startswith("test_perplexity"))
+    assert len({float(v.replace(",", "")) for v in row.split()[1:]}) == 3
+    err, _ = train_here("--spec", str(path), "--trial", "0,3", fails=True)
+    assert err.splitlines()[-1].startswith("error: --trial: llama@nano lr=0.002 seed=0 (")
+    assert "differs from cem@nano lr=0.002 seed=0" in err and "more than lr and seed" in err

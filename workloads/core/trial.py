@@ -4,6 +4,7 @@ data; and the phases a trial's wall time is split into."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -113,3 +114,9 @@ class Job:
     run_id: str | None = None
     submitted_at: float | None = None
     earlier_runs: tuple[str, ...] = ()
+
+
+def stack_key(trial: Trial) -> Trial:
+    """What the members of one stack of trials share (``workloads.runtime.stacked``): ``trial``
+    without its id, learning rate and seed."""
+    return dataclasses.replace(trial, trial_id="", lr=0.0, seed=0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -44,7 +44,9 @@ class Workload(ABC, Generic[C, D]):
     which learning rates and ``best`` models are chosen), ``unit`` (what ``Budget.units`` counts),
     ``micro_batches`` (whether a worker splits its share of the batch into micro-batches with
     gradient accumulation, or takes it whole), ``registers_models`` (whether the best trials go
-    to the MLflow model registry).
+    to the MLflow model registry), ``backend`` (the engine its trials train on under Ray Train:
+    ``deepspeed``, DeepSpeed's, which compiles as ``engine.compile`` says; ``ddp``, the plain
+    PyTorch engine with DDP, which never compiles).
     """
 
     name: ClassVar[str]
@@ -55,6 +57,7 @@ class Workload(ABC, Generic[C, D]):
     unit: ClassVar[str] = "tokens"
     micro_batches: ClassVar[bool] = True
     registers_models: ClassVar[bool] = False
+    backend: ClassVar[Literal["deepspeed", "ddp"]] = "deepspeed"
 
     def datasets(self, config: C) -> list[str]:
         """The dataset names a spec's grid runs over (one trial per dataset and grid point)."""
@@ -90,10 +93,11 @@ class Workload(ABC, Generic[C, D]):
         """A forward + backward step on random data and its FLOPs (for wall-time estimates)."""
 
     def memory(self, model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
-               micro_batch_size: int) -> Any:
+               micro_batch_size: int, config: C | None = None) -> Any:
         """Memory one worker of a trial of ``model`` needs (its ``engine``'s ZeRO stage and
-        precision, its workers, one micro-batch), as an object with ``total`` (bytes) and
-        ``describe()`` (one line), or None where the workload has no estimate."""
+        precision, its workers, one micro-batch; ``config``: the workload's spec section, where
+        the estimate depends on it), as an object with ``total`` (bytes) and ``describe()``
+        (one line), or None where the workload has no estimate."""
         return None
 
     @abstractmethod
@@ -108,6 +112,16 @@ class Workload(ABC, Generic[C, D]):
         """Train ``job`` in this process with no Ray or MLflow (``engine``: ``torch`` or
         ``deepspeed``), print its report, and return its final metrics; ``profile_top``: the
         longest kernels of two profiled steps; ``metrics_json``: a file for every metric."""
+
+    @abstractmethod
+    def train_stack_here(self, jobs: list[Job]) -> list[dict[str, float]]:
+        """Train ``jobs`` (trials that differ in learning rate and seed only) in this process
+        as one stacked model on the plain PyTorch engine, print their report, and return each
+        one's final metrics, in order.
+
+        Raises:
+            ValueError: the trials cannot share a stack.
+        """
 
     # Registered models (``registers_models``): a trial's ``model`` artifact, and what can be
     # done with a downloaded one (``model_dir``: the artifact's directory).

@@ -4,6 +4,8 @@
                               [--precision fp32] [--cem-kernel auto] [--compile]
                               [--variants "llama,cem-best T=2"] [--profile N]
                               [--json-out FILE]
+    python -m workloads.lm.step_bench --stack 1,2,4,8 [--presets pico,nano,tiny]
+                              [--variants "llama,cem-attn T=1"] [--budget-scale 0.25]
 
 Every variant takes the preset's sizes (vocabulary, d_model, layers, heads, d_mlp, context), so
 ``--preset cem-134m`` and ``--preset llama-134m`` give the same table, whose ``cem-best T=2`` row is
@@ -14,8 +16,11 @@ over ``workloads.runtime.hardware.peak_flops``, peak memory: the allocator's per
 the process's high-water mark so far on a CPU, the first step's seconds: the compile with
 ``--compile``, which runs every variant's model and the loss through ``torch.compile``) and the same
 rows as JSON; ``--profile N`` adds each variant's N longest kernels (operators on a CPU) over 2
-profiled steps. Targets on CPU: CEM attention at T = 1 no slower than 0.9x Llama's step time, the
-full ``cem-*`` configuration (T = 2) no slower than 1.5x.
+profiled steps. ``--stack`` prints trials per hour of stacked trials instead, per preset of
+``--presets``, variant and stack size K (``workloads.lm.stack_bench``, which needs the trial
+stack's packages; the rest needs torch and tabulate alone). Targets on CPU: CEM
+attention at T = 1 no slower than 0.9x Llama's step time, the full ``cem-*`` configuration
+(T = 2) no slower than 1.5x.
 """
 
 from __future__ import annotations
@@ -183,15 +188,38 @@ def main(argv: list[str] | None = None) -> None:
                         help="also profile 2 steps of each variant and print its N longest "
                         "kernels (GPU) or operators (CPU)")
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
+    parser.add_argument("--stack", type=lambda s: [int(k) for k in s.split(",")],
+                        help="comma-separated stack sizes K, 1 among them: trials per hour of "
+                        "K trials trained as one stacked model against K = 1")
+    parser.add_argument("--presets", type=lambda s: [p.strip() for p in s.split(",")],
+                        default=["pico", "nano", "tiny"], help="with --stack: the sizes")
+    parser.add_argument("--budget-scale", type=float, default=0.25,
+                        help="with --stack: a trial's fraction of its Chinchilla budget")
     args = parser.parse_args(argv)
+    presets = args.presets if args.stack else [args.preset]
     try:
-        variant_configs(args.preset, args.variants)
+        configs = {p: variant_configs(p, args.variants or (["llama", "cem-attn T=1"]
+                                                          if args.stack else None))
+                   for p in presets}
     except KeyError as e:
         parser.error(str(e.args[0]))
+    if args.stack is not None and (1 not in args.stack or min(args.stack) < 1):
+        parser.error(f"--stack needs K = 1 (the trials alone) and K >= 1, got {args.stack}")
     CEMAttention.kernel = args.cem_kernel
     reuse_freed_memory()  # as the trials' sessions do
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(args.precision)
+    if args.stack:  # the trial stack's optimizer config: imported only here (see the docstring)
+        from workloads.lm.stack_bench import stack_rows
+
+        rows = stack_rows(presets, configs, sorted(args.stack), args.batch, args.seconds,
+                          precision == "bf16", args.budget_scale)
+        print(f"train steps (forward, backward, clipping, AdamW) of a batch of {args.batch}, "
+              f"{precision} on {device_name(device)} ({torch.get_num_threads()} threads), a "
+              f"trial at {args.budget_scale:g} of its Chinchilla budget")
+        print(tabulate(rows, headers="keys", floatfmt=",.2f", intfmt=","))
+        print(json.dumps(rows))
+        return
     rows = run(args.preset, args.batch, args.seconds, device, precision, args.rounds,
                args.compile, args.variants, args.profile)
     cfg = ModelConfig.from_preset(args.preset)

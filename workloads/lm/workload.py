@@ -31,7 +31,7 @@ from workloads.lm.model_card import model_card
 from workloads.lm.package import CONFIG, PACKAGE, TOKENIZER, WEIGHTS, load_decoder
 from workloads.lm.recursion import test_time_metrics
 from workloads.models import build_model, flops_per_token, next_token_loss, parameter_counts
-from workloads.models.decoder import DecoderLM
+from workloads.models.decoder import DecoderLM, with_math_attention
 from workloads.models.diagnostics import energy_diagnostics
 from workloads.models.test_time import Steps, at_steps
 from workloads.runtime.engine import Engine
@@ -162,9 +162,9 @@ class LanguageModel(TrainedWorkload):
                       parameter_counts(model))
 
     def memory(self, model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
-               micro_batch_size: int) -> MemoryEstimate:
+               micro_batch_size: int, config: CorpusConfig | None = None) -> MemoryEstimate:
         """``workloads.lm.memory.trial_memory``: model states under ZeRO plus one micro-batch's
-        activations."""
+        activations (the corpus section does not change them)."""
         return trial_memory(model, engine, resources, micro_batch_size)
 
     def calibration_step(self, config: CorpusConfig, model: ModelConfig, micro_batch_size: int,
@@ -247,6 +247,9 @@ class LanguageModelTask(Task):
 
     def build_model(self) -> DecoderLM:
         return build_model(self.cfg)
+
+    def vmappable(self, model: DecoderLM) -> DecoderLM:
+        return with_math_attention(model)
 
     def batches(self, skip: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         train_set, session = self.splits["train"], self.session

@@ -17,7 +17,7 @@ from torch import nn
 from workloads.core.architecture import ModelConfig
 from workloads.models.energy import elementwise_energy, interaction_energy
 from workloads.models.flex import alibi_flex_attention
-from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask
+from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask, sdpa_math
 from workloads.models.precond import Preconditioner
 
 VELOCITY = "attn_velocity"  # key of the attention velocity in a layer-scope momentum carry
@@ -27,24 +27,6 @@ def _fixed_input(sub: nn.Module, h: torch.Tensor) -> torch.Tensor:
     """The fixed side's input h~ (B, T, D): ``sub.norm(h)``, or ``h`` itself with
     ``fixed_input: h``."""
     return sub.norm(h) if sub.cfg.fixed_input == "norm_h" else h
-
-
-def _sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-               scale: float) -> torch.Tensor:
-    """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` as torch's math
-    kernel computes it, which is the kernel a CPU runs when the mask needs a gradient: q and k
-    at least in fp32 (bf16 is upcast), each times sqrt(scale), their product plus the mask, the
-    softmax, times v, back to q's dtype. It leaves out that kernel's guard for rows that see no
-    key (``isneginf``, ``all`` and ``where`` over every score), which a causal row, seeing
-    itself, never is.
-
-    Shapes: q (B, K, T, E), k (B, K, T, E), v (B, K, T, Ev), mask (K, T, T) or (B, K, T, T);
-    returns (B, K, T, Ev). Equal to SDPA bit for bit, outputs and gradients, in fp32 and bf16
-    (torch 2.13 on a CPU), and faster: it skips the kernel's guard.
-    """
-    acc, root = torch.promote_types(q.dtype, torch.float32), math.sqrt(scale)
-    scores = (q.to(acc) * root) @ (k.to(acc) * root).transpose(-2, -1) + mask.to(acc)
-    return (torch.softmax(scores, dim=-1) @ v.to(acc)).to(q.dtype)
 
 
 def _step_size(value: float, learnable: bool) -> torch.Tensor | float:
@@ -79,8 +61,9 @@ class CEMAttention(nn.Module):
 
     # How the scores become outputs: ``sdpa`` (torch's scaled_dot_product_attention with the
     # bias as its float mask; on a CPU with a bias that needs a gradient, its math kernel written
-    # out, ``_sdpa_math``), ``explicit`` (scores, softmax and the weighted sum as three ops:
-    # the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
+    # out, ``sdpa_math``), ``math`` (``sdpa_math`` always: plain ops, which ``torch.func.vmap``
+    # batches for stacked trials), ``explicit`` (scores, softmax and the weighted sum as three
+    # ops: the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
     # ``auto``: flex to train on a GPU, sdpa elsewhere (FlexAttention has no CPU backward; see
     # ``uses_flex``). The Newton step needs the probabilities, so it takes sdpa's (explicit)
     # path whatever is set. In bf16 on a CPU, ``explicit`` is the fastest, but it rounds the
@@ -177,8 +160,9 @@ class CEMAttention(nn.Module):
             return alibi_flex_attention(q, k, v, self.alibi_slopes, self.self_bias,
                                         self.cross_bias, scale, shared_scores), None
         if self.kernel != "explicit" and not need_probs:
-            if bias.requires_grad and not q.is_cuda:  # SDPA would run its math kernel
-                return _sdpa_math(q, k, v, bias, scale), None
+            if self.kernel == "math" or (bias.requires_grad and not q.is_cuda):
+                # SDPA would run its math kernel (under vmap, requires_grad reads False)
+                return sdpa_math(q, k, v, bias, scale), None
             return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask(bias),
                                                   scale=scale), None
         p = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)

@@ -111,6 +111,15 @@ def build_model(cfg: ModelConfig) -> DecoderLM:
     return DecoderLM(cfg)
 
 
+def with_math_attention(model: DecoderLM) -> DecoderLM:
+    """``model`` with every attention sublayer on its ``math`` kernel (SDPA's math kernel
+    written out in plain ops, which ``torch.func.vmap`` batches: stacked trials); returns it."""
+    for module in model.modules():
+        if isinstance(module, LlamaAttention | CEMAttention):
+            module.kernel = "math"
+    return model
+
+
 def count_parameters(model: DecoderLM) -> dict[str, int]:
     """Trainable parameters by role.
 

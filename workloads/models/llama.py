@@ -7,7 +7,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from workloads.core.architecture import ModelConfig
-from workloads.models.position import alibi_bias, alibi_slopes, apply_rope, rope_cos_sin, sdpa_mask
+from workloads.models.position import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    rope_cos_sin,
+    sdpa_mask,
+    sdpa_math,
+)
 
 
 class LlamaAttention(nn.Module):
@@ -19,6 +26,11 @@ class LlamaAttention(nn.Module):
     position encoding fixed. Parameters ``q_proj, k_proj, v_proj, o_proj`` (D x D, no bias),
     ``norm``, and with ALiBi ``self_bias``/``cross_bias`` (1,). Input and output (B, T, D).
     """
+
+    # ``auto``: torch's scaled_dot_product_attention (its fused kernels); ``math``: its math
+    # kernel written out (``sdpa_math``), plain ops that ``torch.func.vmap`` batches for
+    # stacked trials, where SDPA's fused CPU kernel has no batching rule.
+    kernel: str = "auto"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -49,10 +61,15 @@ class LlamaAttention(nn.Module):
         if self.position == "rope":
             cos, sin = self.rope_cos[:t], self.rope_sin[:t]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, K, T, Dh)
+            if self.kernel == "math":
+                causal = torch.full((t, t), float("-inf"), device=h.device).triu(1)  # (T, T)
+                o = sdpa_math(q, k, v, causal, self.d_head ** -0.5)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, K, T, Dh)
         else:
             bias = alibi_bias(self.alibi_slopes, t, self.self_bias, self.cross_bias).to(h.dtype)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask(bias))
+            o = (sdpa_math(q, k, v, bias, self.d_head ** -0.5) if self.kernel == "math"
+                 else F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask(bias)))
         return h + self.o_proj(o.transpose(1, 2).reshape(b, t, d))
 
     def forward(self, h: torch.Tensor, carry: dict | None = None) -> torch.Tensor:

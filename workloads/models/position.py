@@ -50,6 +50,25 @@ def sdpa_mask(bias: torch.Tensor) -> torch.Tensor:
     return bias[None] if bias.dim() == 3 else bias
 
 
+def sdpa_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` as torch's math
+    kernel computes it, which is the kernel a CPU runs when the mask needs a gradient: q and k
+    at least in fp32 (bf16 is upcast), each times sqrt(scale), their product plus the mask, the
+    softmax, times v, back to q's dtype. It leaves out that kernel's guard for rows that see no
+    key (``isneginf``, ``all`` and ``where`` over every score), which a causal row, seeing
+    itself, never is.
+
+    Shapes: q (B, K, T, E), k (B, K, T, E), v (B, K, T, Ev), mask (T, T), (K, T, T) or
+    (B, K, T, T);
+    returns (B, K, T, Ev). Equal to SDPA bit for bit, outputs and gradients, in fp32 and bf16
+    (torch 2.13 on a CPU), and faster: it skips the kernel's guard.
+    """
+    acc, root = torch.promote_types(q.dtype, torch.float32), math.sqrt(scale)
+    scores = (q.to(acc) * root) @ (k.to(acc) * root).transpose(-2, -1) + mask.to(acc)
+    return (torch.softmax(scores, dim=-1) @ v.to(acc)).to(q.dtype)
+
+
 def rope_cos_sin(seq_len: int, d_head: int, theta: float, device: torch.device | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables ``cos, sin`` of shape (T, d_head), in the half-split (Llama/HF) layout."""

@@ -74,6 +74,12 @@ class Task(ABC):
         checkpoint. A collective. Default: none."""
         return {}
 
+    def vmappable(self, model: nn.Module) -> nn.Module:
+        """``model`` (an empty copy of the one ``build_model`` makes) in a form whose forward
+        ``torch.func.vmap`` batches over stacked parameters (``runtime.stacked``), the same
+        numbers up to rounding. Default: as it is."""
+        return model
+
     def keep(self, engine: Engine) -> None:  # noqa: B027 (optional: most tasks keep nothing)
         """After training: keep the trained model (every rank calls it). Default: nothing."""
 

@@ -9,7 +9,9 @@ engine, the validation and test metrics, the train metrics (``train_mfu``, the l
 ``tokens_per_s``, ``peak_memory_mib``), the clock's phases and, with a profile, the longest
 kernels of two whole train steps (``timing.ProfiledClock``: the optimizer's and the engine's
 work included, where ``workloads.lm.step_bench`` times the forward and backward alone).
-``TrainedWorkload`` gives a workload both, from its ``train``.
+``TrainedWorkload`` gives a workload both, from its ``train``. ``run_stacked_in_process``
+trains several same-shaped trials as one stacked model (``runtime.stacked``), each in its own
+``LocalSession``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from workloads.runtime.session import (
     Session,
     one_rank_process_group,
 )
+from workloads.runtime.stacked import StackedTrainer
 from workloads.runtime.timing import ProfiledClock, format_kernels
 from workloads.runtime.trainer import Task, Trainer
 
@@ -59,6 +62,9 @@ class TrainedWorkload(Workload):
     def train_here(self, job: Job, engine: str = "torch", profile_top: int = 0,
                    metrics_json: str | None = None) -> dict[str, float]:
         return train_here(job, self, engine, profile_top, metrics_json)
+
+    def train_stack_here(self, jobs: list[Job]) -> list[dict[str, float]]:
+        return train_stack_here(jobs, self)
 
 
 def run_in_ray(jobs: list[Job], workload: TrainedWorkload) -> None:
@@ -102,6 +108,31 @@ def run_in_process(job: Job, workload: TrainedWorkload, engine: str = "torch",
             session.clock = ProfiledClock(session.clock.started_at, profile_top,
                                           cuda=torch.cuda.is_available())
         return workload.train(job, session), session
+
+
+def run_stacked_in_process(jobs: list[Job], workload: TrainedWorkload,
+                           ) -> list[tuple[dict[str, float], LocalSession]]:
+    """Train ``jobs`` (one shape, ``stacked.stack_key``) as one stack in this process, each in
+    a ``LocalSession`` of its own; returns each one's final metrics and session, in order.
+
+    Raises:
+        ValueError: the jobs cannot share a stack (``StackedTrainer``).
+    """
+    sessions = [LocalSession(job) for job in jobs]
+    tasks = [workload.task(job, session) for job, session in zip(jobs, sessions)]
+    return list(zip(StackedTrainer(jobs, sessions, tasks).fit(), sessions))
+
+
+def train_stack_here(jobs: list[Job], workload: TrainedWorkload) -> list[dict[str, float]]:
+    """``run_stacked_in_process``, then print one column of final metrics per member
+    (``report``'s rows). Returns each member's final metrics, in order."""
+    results = run_stacked_in_process(jobs, workload)
+    tables = [dict(report(final, session)) for final, session in results]
+    names = list(dict.fromkeys(name for table in tables for name in table))
+    print(tabulate([[name, *(table.get(name, "-") for table in tables)] for name in names],
+                   headers=["metric", *(job.trial.label for job in jobs)],
+                   colalign=("left", *("right",) * len(jobs)), disable_numparse=True))
+    return [final for final, _ in results]
 
 
 def report(final: dict[str, float], session: LocalSession) -> list[list[str]]:

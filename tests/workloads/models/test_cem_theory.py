@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from scipy.integrate import quad
 
 from workloads.models import ModelConfig
-from workloads.models.cem import CEMMLP, CEMAttention, _sdpa_math
+from workloads.models.cem import CEMMLP, CEMAttention
 from workloads.models.energy import (
     elementwise_energy,
     interaction_energy,
@@ -24,7 +24,7 @@ from workloads.models.energy import (
 )
 from workloads.models.flex import alibi_flex_attention
 from workloads.models.llama import LlamaAttention, LlamaMLP
-from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask
+from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask, sdpa_math
 from workloads.models.precond import Preconditioner
 
 SHAPES = [(2, 1, 5), (4, 2, 6), (3, 3, 4), (6, 1, 3)]  # (n_head, batch, seq_len); d_head = 4
@@ -120,7 +120,8 @@ def test_only_a_shared_positive_definite_p_guarantees_a_descent_direction():
     assert ascents["per_head"] > 0  # sum_k P_k g_k: some tokens go uphill
 
 
-@pytest.mark.parametrize(("shape", "diag"), itertools.product(SHAPES, ["shared", "per_head"]))
+@pytest.mark.parametrize(("shape", "diag"),
+                         list(itertools.product(SHAPES, ["shared", "per_head"])))
 def test_paper_attention_step_matches_algorithm_1(shape, diag):
     n_head, batch, seq = shape
     layer = make(CEMAttention, seed=seq, n_head=n_head, attention="cem", kq_diag=diag)
@@ -231,7 +232,7 @@ def test_fused_paths_equal_the_explicit_path(kernel, diag, exact, dtype, monkeyp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batched_mask", [False, True])
 def test_written_out_math_kernel_is_sdpa_bit_for_bit(dtype, batched_mask):
-    """Training on a CPU, CEM attention runs SDPA's math kernel written out (``_sdpa_math``,
+    """Training on a CPU, CEM attention runs SDPA's math kernel written out (``sdpa_math``,
     without its guard for rows that see no key): the same outputs and gradients as
     ``F.scaled_dot_product_attention`` with a causal float mask that needs a gradient, to the
     bit, for a (K, T, T) mask and a (B, K, T, T) one (the shared diagonal's scores)."""
@@ -246,7 +247,7 @@ def test_written_out_math_kernel_is_sdpa_bit_for_bit(dtype, batched_mask):
     results = []
     for attend in (lambda: F.scaled_dot_product_attention(q, key, v, attn_mask=sdpa_mask(mask),
                                                           scale=0.3),
-                   lambda: _sdpa_math(q, key, v, mask, 0.3)):
+                   lambda: sdpa_math(q, key, v, mask, 0.3)):
         out = attend()
         results.append([out, *torch.autograd.grad(out, (q, key, v, mask), grad)])
     for written_out, sdpa in zip(results[1], results[0], strict=True):
