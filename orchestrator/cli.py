@@ -1,5 +1,5 @@
-"""``cemlab {plan,run,train,join,status,results,report,models} ...``, the command line of CEM Lab
-(also ``python -m orchestrator``)."""
+"""``cemlab {plan,run,train,join,status,results,report,export,import,models} ...``, the command
+line of CEM Lab (also ``python -m orchestrator``)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="docs/results", help="where REPORT.md and figures go")
     p.add_argument("--no-run", action="store_true",
                    help="report what the ledger has; train nothing")
+    p.add_argument("--from", dest="bundles", action="append", metavar="BUNDLE",
+                   help="report from this result bundle (`cemlab export`; repeatable) alone: "
+                   "no ledger, MLflow or Ray; trains nothing")
+    p = sub.add_parser("export", help="write the finished trials of experiments as a result "
+                       "bundle (Parquet and a checksummed manifest), to commit or import "
+                       "elsewhere")
+    p.add_argument("experiments", nargs="+", metavar="EXPERIMENT",
+                   help="an experiment's name in the ledger (`cemlab status` lists them)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the bundle directory: created, or a bundle there replaced whole")
+    p = sub.add_parser("import", help="verify a result bundle and record its trials FINISHED "
+                       "in this ledger, where run skips them")
+    p.add_argument("directory", help="the bundle directory (`cemlab export --out`)")
+    p.add_argument("--allow-code-drift", action="store_true",
+                   help="import trials that another code computed (for reports: run would "
+                   "train this code's own, their trial ids differ)")
     p = sub.add_parser("models", help="the model registry: list | show | eval | probe | "
                        "generate | export")
     models = p.add_subparsers(dest="action", required=True)
@@ -128,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         return _status_all()
     if args.command == "report":
         return _report(args)
+    if args.command == "export":
+        return _export(args)
+    if args.command == "import":
+        return _import(args)
     try:
         spec = load_spec(args.spec)
     except SpecError as e:
@@ -185,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = optima(spec, rows)
     if not table:
-        print(f"no finished trial of '{spec.name}' yet (python -m orchestrator status "
+        print(f"no finished trial of '{spec.name}' yet (cemlab status "
               f"{args.spec})", file=sys.stderr)
         return 1
     print(f"Akima optima over log2(LR): the LR chosen on validation {short_metric(spec)}, "
@@ -265,6 +285,8 @@ def _report(args: argparse.Namespace) -> int:
     except (FileNotFoundError, SpecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.bundles:
+        return _report_from_bundles(args, pairs, specs, claim_set)
     settings = Settings()
     ledger = Ledger(settings.ledger_url)
     missing = {p: report.missing_trials(spec, ledger) for p, spec in specs.items()}
@@ -292,13 +314,101 @@ def _report(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
     client = MlflowClient(settings.tracking_uri)  # asked only by test-time arms
-    results = [report.evaluate(claim, specs[path], ledger,
-                               lambda run_id: client.get_run(run_id).data.metrics)
+    return _write_claims(args, pairs, specs, ledger,
+                         lambda run_id: client.get_run(run_id).data.metrics, claim_set)
+
+
+def _write_claims(args: argparse.Namespace, pairs: list, specs: dict, ledger,
+                  run_metrics, claim_set) -> int:
+    """Evaluate every claim of ``pairs`` on ``ledger`` (test-time arms reading
+    ``run_metrics``), print the verdicts and write the report to ``args.out``."""
+    from orchestrator import report
+
+    results = [report.evaluate(claim, specs[path], ledger, run_metrics)
                for claim, path in pairs]
     print(report.verdict_table(results))
     written = report.write_report(results, Path(args.out), args.scale, args.directory,
                                   claim_set)
     print(f"wrote {written} and {sum(bool(r.effects) for r in results)} figure(s)")
+    return 0
+
+
+def _report_from_bundles(args: argparse.Namespace, pairs: list, specs: dict,
+                         claim_set) -> int:
+    """The claims report of ``args.bundles`` alone: their trials recorded in a temporary
+    SQLite ledger (with their runs' ids), the test-time arms reading the runs' final metrics
+    from the bundles; no ledger, MLflow or Ray of this machine is used."""
+    import tempfile
+
+    from orchestrator import bundles, report
+    from orchestrator.ledger import Ledger
+
+    with tempfile.TemporaryDirectory(prefix="cemlab-report-") as tmp:
+        ledger = Ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
+        metrics: dict[str, dict[str, float]] = {}
+        for directory in args.bundles:
+            try:
+                bundle = bundles.check_bundle(Path(directory), allow_code_drift=True)
+            except bundles.BundleError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            drift = bundles.code_drift(bundle)
+            if drift:
+                print(f"note: {directory}: {drift}")
+            bundles.record(bundle, ledger, keep_run_ids=True)
+            metrics.update(bundle.run_metrics())
+        missing = sum(len(report.missing_trials(spec, ledger)) for spec in specs.values())
+        print(f"claims report from {len(args.bundles)} bundle(s): {len(pairs)} claims over "
+              f"{len(specs)} specs; {missing} trial(s) not in the bundles", flush=True)
+        return _write_claims(args, pairs, specs, ledger,
+                             lambda run_id: metrics.get(run_id, {}), claim_set)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """``cemlab export``: the bundle of ``args.experiments`` in ``args.out``, read from the
+    ledger (never created or migrated here) and, where it answers, MLflow."""
+    from orchestrator import bundles
+    from orchestrator.ledger import Ledger
+    from orchestrator.settings import Settings
+
+    settings = Settings()
+    url = settings.existing_ledger_url()
+    if url is None:
+        print(f"error: no ledger at {settings.cemlab_home / 'mlflow.db'} (CEMLAB_HOME) and "
+              "none named by CEMLAB_LEDGER_URL or MLFLOW_TRACKING_URI", file=sys.stderr)
+        return 2
+    try:
+        ledger = Ledger(url, migrate=False)
+        client = bundles.tracking_client(settings.existing_tracking_uri())
+        manifest = bundles.export_bundle(ledger, args.experiments, Path(args.out), client,
+                                         settings.storage)
+    except (bundles.BundleError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    size = sum(f.bytes for f in manifest.files.values())
+    print(f"wrote {args.out}: {manifest.trials} finished trial(s) of "
+          f"{len(manifest.experiments)} experiment(s) ({', '.join(manifest.experiments)}), "
+          f"{size:,} bytes, code {manifest.code}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    """``cemlab import``: verify the bundle in ``args.directory`` before opening the ledger
+    (a bundle that does not verify writes nothing), then record its trials there."""
+    from orchestrator import bundles
+    from orchestrator.ledger import Ledger
+    from orchestrator.settings import Settings
+
+    try:
+        bundle = bundles.check_bundle(Path(args.directory), args.allow_code_drift)
+    except bundles.BundleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    done = bundles.record(bundle, Ledger(Settings().ledger_url))
+    held = f"; {done.held} unfinished and held by a live submission, left to it" \
+        if done.held else ""
+    print(f"imported {done.imported} trial(s) of {len(bundle.experiments)} experiment(s) "
+          f"from {args.directory}; {done.present} already there{held}")
     return 0
 
 

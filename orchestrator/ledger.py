@@ -211,6 +211,22 @@ class Lease:
     previous_owner: str | None = None
 
 
+@dataclass(frozen=True)
+class Imported:
+    """What ``Ledger.import_finished`` did: trials it recorded FINISHED (``imported``), trials
+    FINISHED in the ledger already and left as they are (``present``), and unfinished rows
+    under a live lease, left to the submission that holds it (``held``)."""
+
+    imported: int
+    present: int
+    held: int
+
+
+# the fields of a finished trial that ``Ledger.import_finished`` records
+IMPORTED_FIELDS = ("dataset", "variant", "size", "lr", "seed", "lr_round", "metric",
+                   "val_metric", "started_at", "finished_at", "checkpoint_path")
+
+
 def include_name(name: str | None, type_: str, parent_names: dict) -> bool:
     """Alembic's ``include_name`` hook: the ledger's migrations see only its own tables
     (``cemlab_*`` but the version table), never MLflow's or anyone else's."""
@@ -557,6 +573,79 @@ class Ledger:
                 lease_owner=owner, heartbeat_at=now, lease_expires_at=expires))
             previous = row.lease_owner if row.lease_owner not in (None, owner) else None
             return Lease(True, status, owner, expires, previous)
+
+    @retrying
+    def import_finished(self, experiments: dict[str, tuple[str, str]],
+                        trials: list[dict]) -> Imported:
+        """Record finished trials from elsewhere (a result bundle), in one transaction.
+
+        ``experiments`` maps each name to ``(workload, spec_yaml)``: a missing experiment is
+        created with them, an existing one is left as it is. Each trial is a dict with
+        ``experiment`` (a name of ``experiments``), ``trial_hash``, every field of
+        ``IMPORTED_FIELDS`` (times naive UTC), ``source_experiment`` (the experiment that
+        trained it, when it was settled from the trial cache; else None) and, optionally,
+        ``mlflow_run_id``. A trial FINISHED in the ledger already is left as it is; an
+        unfinished row under a live lease is left to its holder; any other row of the trial
+        (PENDING, FAILED, a lease that expired) is settled FINISHED with the given fields,
+        and a new one inserted so. A trial whose ``source_experiment`` has a trained FINISHED
+        row of the same id points to it (``source_trial_id``). Importing the same trials again
+        changes nothing.
+
+        Raises:
+            KeyError: a trial of an experiment that ``experiments`` does not name.
+        """
+        try:
+            return self._import_finished(experiments, trials)
+        except IntegrityError:  # a submission inserted one of these rows since we looked
+            return self._import_finished(experiments, trials)
+
+    def _import_finished(self, experiments: dict[str, tuple[str, str]],
+                         trials: list[dict]) -> Imported:
+        imported = present = held = 0
+        now = utc_now()
+        with self.session() as s:
+            ids = {}
+            for name, (workload, spec_yaml) in sorted(experiments.items()):
+                row = s.scalar(select(ExperimentRow).where(ExperimentRow.name == name))
+                if row is None:
+                    row = ExperimentRow(name=name, workload=workload, spec_yaml=spec_yaml)
+                    s.add(row)
+                    s.flush()
+                ids[name] = row.id
+            rows = {(r.experiment_id, r.trial_hash): r for r in s.scalars(
+                select(TrialRow).where(TrialRow.experiment_id.in_(list(ids.values()))))}
+            # trained rows first: a cached trial's source may be among them
+            for t in sorted(trials, key=lambda t: t.get("source_experiment") is not None):
+                key = (ids[t["experiment"]], t["trial_hash"])
+                row = rows.get(key)
+                if row is not None and row.status == Status.FINISHED:
+                    present += 1
+                    continue
+                if (row is not None and row.lease_owner is not None
+                        and row.lease_expires_at is not None and row.lease_expires_at > now):
+                    held += 1
+                    continue
+                fields = {k: t[k] for k in IMPORTED_FIELDS}
+                if t.get("mlflow_run_id"):
+                    fields["mlflow_run_id"] = t["mlflow_run_id"]
+                source = t.get("source_experiment")
+                source_id = source and s.scalar(
+                    select(TrialRow.id).join(ExperimentRow).where(
+                        ExperimentRow.name == source, TrialRow.trial_hash == t["trial_hash"],
+                        TrialRow.status == Status.FINISHED, TrialRow.source_trial_id.is_(None))
+                    .limit(1))
+                fields.update(status=Status.FINISHED, error=None, source_trial_id=source_id,
+                              lease_owner=None, heartbeat_at=None, lease_expires_at=None)
+                if row is None:
+                    row = TrialRow(experiment_id=key[0], trial_hash=key[1], **fields)
+                    s.add(row)
+                    rows[key] = row
+                else:
+                    for k, v in fields.items():
+                        setattr(row, k, v)
+                s.flush()
+                imported += 1
+        return Imported(imported, present, held)
 
     @retrying
     def finished_copy(self, trial_hash: str, experiment_id: int) -> TrialRow | None:

@@ -223,15 +223,17 @@ def settle_from_cache(trial: Trial, row: TrialRow, source: TrialRow, books: Book
     """Settle ``row`` (whose lease ``owner`` holds) from ``source``, the FINISHED row of the same
     trial id that another experiment trained: an MLflow run of this experiment copied from the
     source's (``tracking.copy_trial_run``), and the source's metrics and checkpoint, pointing to
-    it (``source_trial_id``)."""
+    it (``source_trial_id``). A source imported from a result bundle has no MLflow run here:
+    neither has its copy."""
     run_id = tracking.copy_trial_run(books.client, books.mlflow_experiment_id,
-                                     books.parent_run_id, source.mlflow_run_id)
+                                     books.parent_run_id, source.mlflow_run_id) \
+        if source.mlflow_run_id else None
     books.ledger.update_trial(row.id, owner=owner, status=Status.FINISHED, mlflow_run_id=run_id,
                               metric=source.metric, val_metric=source.val_metric,
                               checkpoint_path=source.checkpoint_path, source_trial_id=source.id)
     where = books.ledger.experiment_name(source.experiment_id)
     print(f"[cemlab] {trial.label} ({trial.trial_id}): cached, trained in experiment "
-          f"'{where}' (run {source.mlflow_run_id})", flush=True)
+          f"'{where}' (run {source.mlflow_run_id or 'none: imported'})", flush=True)
 
 
 def launch(spec: ExperimentSpec, tasks: list[Task], settings: Settings,
@@ -321,11 +323,13 @@ def register(spec: ExperimentSpec, trials: list[Trial], rows: list[TrialRow],
 def model_runs(rows: list[TrialRow], ledger: Ledger) -> dict[str, tuple[str, float, float]]:
     """``register_best``'s results: trial id -> (the MLflow run holding its model, validation
     metric, test metric) for the ``rows`` evaluated. A cached trial's model is its source run's,
-    where it was trained (and is registered once)."""
+    where it was trained (and is registered once); a trial imported from a result bundle has
+    no run here, and no model to register."""
     trained = {r.id: r.mlflow_run_id for r in ledger.rows_of_trials(
         {r.trial_hash for r in rows if r.source_trial_id is not None})}
-    return {r.trial_hash: (trained.get(r.source_trial_id, r.mlflow_run_id), r.val_metric,
-                           r.metric) for r in rows if r.val_metric is not None}
+    runs = {r.trial_hash: (trained.get(r.source_trial_id, r.mlflow_run_id), r.val_metric,
+                         r.metric) for r in rows if r.val_metric is not None}
+    return {trial: run for trial, run in runs.items() if run[0]}
 
 
 def close(books: Books, done: bool) -> None:

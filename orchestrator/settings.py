@@ -75,3 +75,10 @@ class Settings(Paths):
         path = self.cemlab_home / "mlflow.db"
         return f"sqlite:///{path}" if path.exists() else None
 
+    def existing_tracking_uri(self) -> str | None:
+        """``tracking_uri``, or None when that is the embedded store and it does not exist
+        yet; creates nothing (for readers such as ``export``)."""
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        path = self.cemlab_home / "mlflow.db"
+        return f"sqlite:///{path}" if path.exists() else None
