@@ -5,7 +5,7 @@ known law, and time every dashboard page against it.
 
 The trials are planned by ``orchestrator.plan`` from real specs (the paper's ``-cpu`` twins and a
 four-size scaling spec) and written through ``orchestrator.tracking`` and the ledger, exactly as
-``orchestrator run`` writes them; only their metrics are synthetic. A language-model trial's
+``cemlab run`` writes them; only their metrics are synthetic. A language-model trial's
 test perplexity is
 
     L = E + A * (N * s)^(-alpha) * (1 + LR_CURVATURE * log2(lr / LR_OPT)^2) * (1 + noise)
@@ -165,7 +165,7 @@ def seed_experiment(client: MlflowClient, ledger: Ledger, spec: ExperimentSpec, 
 
     With ``unfinished``, the last trial stays RUNNING (no final metrics) and the one before it
     FAILED with ``FAILED_ERROR``; every other trial is FINISHED with ``_final_metrics``. The
-    experiment's Akima optima are stored on the parent run as ``orchestrator run`` stores them.
+    experiment's Akima optima are stored on the parent run as ``cemlab run`` stores them.
     Returns the trials and the ids of the failed and the running trial ("" without).
     """
     trials = plan(spec)

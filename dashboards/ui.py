@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboards import reads
 
-SUBMIT = "ray job submit --working-dir . -- python -m orchestrator run {spec}"
+SUBMIT = "ray job submit --working-dir . -- cemlab run {spec}"
 
 
 def sources() -> tuple[str, str]:

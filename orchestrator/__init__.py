@@ -1,1 +1,2 @@
-"""Spec -> plan -> Ray Train launch -> MLflow tracking; the ``python -m orchestrator`` CLI."""
+"""Spec -> plan -> Ray Train launch -> MLflow tracking; the ``cemlab`` command (also
+``python -m orchestrator``)."""

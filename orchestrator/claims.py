@@ -80,7 +80,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class ClaimSet:
-    """Claims reported together (``python -m orchestrator report DIR --claims KEY``).
+    """Claims reported together (``cemlab report DIR --claims KEY``).
 
     ``ladder``: keys of claims whose specs differ only in training tokens; the report draws
     each of their arms' test metric against tokens per trial (``report.ladder_figure``).

@@ -241,7 +241,7 @@ def _row(spec: ExperimentSpec, i: int, t: Trial, several: bool,
             "attn": t.params["attention"], "mlp": t.params["mlp"], workload.unit: t.tokens,
             "steps": t.steps, "FLOPs": f"{t.budget.flops:.3g}",
             f"mem/{'GPU' if t.resources.use_gpu else 'worker'}": _bytes(workload.memory(
-                t.model, t.engine, t.resources, t.micro_batch_size)),
+                t.model, t.engine, t.resources, t.micro_batch_size, t.config)),
             **({"est. wall": _duration(wall_s[t.trial_id])} if wall_s else {})}
 
 

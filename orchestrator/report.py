@@ -14,7 +14,9 @@ seeds every arm finished). Optima at a grid's edge are flagged.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import statistics
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -269,6 +271,40 @@ def _effect_row(result: ClaimResult, e: Effect) -> dict:
             "equivalence": f"±{e.comparison.equivalence:.0%}", "verdict": e.verdict}
 
 
+TITLE_POINTS = 9  # font size of a figure's title
+TITLE_CHAR_EM = 0.62  # DejaVu Sans' characters are narrower on average (about 0.5 em)
+TITLE_SHARE = 0.95  # of the figure's width a title may fill
+
+
+def title_chars(width_in: float, fontsize: float = TITLE_POINTS) -> int:
+    """How many characters of a ``fontsize``-point title (points) fit on one line across
+    ``TITLE_SHARE`` of a figure ``width_in`` inches wide, at ``TITLE_CHAR_EM`` ems a character.
+
+    Raises:
+        ValueError: ``width_in`` or ``fontsize`` not positive.
+    """
+    if not (width_in > 0 and fontsize > 0):
+        raise ValueError(f"width_in and fontsize must be positive: {width_in}, {fontsize}")
+    return max(1, math.floor(width_in * 72 * TITLE_SHARE / (fontsize * TITLE_CHAR_EM)))
+
+
+def wrap_title(text: str, width_in: float, fontsize: float = TITLE_POINTS) -> str:
+    """``text`` broken at spaces (``textwrap.fill``) into lines of at most ``title_chars``
+    characters, so that a long claim's title stays inside a figure ``width_in`` inches wide (a
+    single word longer than a line is broken too).
+
+    Raises:
+        ValueError: as ``title_chars``.
+    """
+    return textwrap.fill(text, title_chars(width_in, fontsize), break_on_hyphens=False)
+
+
+def _title(fig, text: str) -> None:
+    """``text`` wrapped to ``fig``'s width as its title, centred on the figure (an axes title is
+    centred on the axes, which long tick labels push right, and overflows the right edge)."""
+    fig.suptitle(wrap_title(text, fig.get_figwidth()), fontsize=TITLE_POINTS)
+
+
 def _pyplot():
     """matplotlib's pyplot on the Agg backend (no display)."""
     import matplotlib
@@ -289,7 +325,8 @@ def _save_png(plt, fig, path: Path) -> None:
 
 def figure(result: ClaimResult, path: Path) -> None:
     """Per-seed effects (dots), their mean and 95 % interval (bar) for every comparison of the
-    claim, against 0 and the claim's margin; written as a PNG (matplotlib, no display)."""
+    claim, against 0 and the claim's margin, under the claim's title wrapped to the figure
+    (``wrap_title``); written as a PNG (matplotlib, no display)."""
     plt = _pyplot()
     effects = result.effects
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * max(len(effects), 1)))
@@ -310,7 +347,7 @@ def figure(result: ClaimResult, path: Path) -> None:
                   fontsize=7)
     ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better); "
                   "bars: Holm-adjusted CI paired by seed")
-    ax.set_title(f"({result.claim.key}) {result.claim.title}: {result.verdict}", fontsize=9)
+    _title(fig, f"({result.claim.key}) {result.claim.title}: {result.verdict}")
     _save_png(plt, fig, path)
 
 
@@ -339,7 +376,7 @@ def ladder_figure(results: list[ClaimResult], path: Path) -> bool:
     ax.set_xscale("log")
     ax.set_xlabel("training tokens per trial")
     ax.set_ylabel(f"test {results[0].metric} (mean ± std over seeds)")
-    ax.set_title("More tokens: " + ", ".join(f"({r.claim.key})" for r in results), fontsize=9)
+    _title(fig, "More tokens: " + ", ".join(f"({r.claim.key})" for r in results))
     ax.legend(fontsize=8)
     _save_png(plt, fig, path)
     return True
@@ -354,7 +391,7 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
     lines = [
         f"# {title} at {scale.upper()} scale",
         "",
-        f"Written by `python -m orchestrator report {directory}` on "
+        f"Written by `cemlab report {directory}` on "
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit `{commit}`, model code "
         f"`{code_fingerprint()}`.",
         "",
@@ -387,7 +424,7 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
                   *[f"- At a grid edge: {line}." for line in r.at_edge],
                   *([""] if r.incomplete or r.at_edge else [])]
         if not r.effects:
-            lines += [f"No finished trials yet: `python -m orchestrator run "
+            lines += [f"No finished trials yet: `cemlab run "
                       f"{directory.rstrip('/')}/{r.spec.name}.yaml`.", ""]
             continue
         lines += ["```", format_table([_effect_row(r, e) for e in r.effects]), "",

@@ -18,7 +18,9 @@ from scipy.optimize import OptimizeWarning, curve_fit
 
 MIN_SIZES = 3  # distinct N needed for a 3-parameter fit
 
-_ALPHA_MAX = 3.0  # alpha is bounded to (0, _ALPHA_MAX)
+_E_MIN = 0.0  # E is bounded to [_E_MIN, inf) (the metric's units)
+_ALPHA_MIN, _ALPHA_MAX = 0.0, 3.0  # alpha is bounded to (_ALPHA_MIN, _ALPHA_MAX)
+AT_BOUND_TOL = 1e-6  # within this of a bound (relative to the metric for E) is at the bound
 _ALPHA_GUESSES = np.linspace(0.02, 2.98, 149)  # the grid the initial guess is chosen on
 _GRID_POINTS = 100  # default band grid: log-spaced points over [min N, max N]
 
@@ -92,9 +94,9 @@ def _fit(x: np.ndarray, y: np.ndarray, p0: PowerLaw | None = None) -> PowerLaw:
     if p0 is None:
         guess = _initial_guess(xs, ys)
     else:
-        guess = (min(max(p0.E / y_ref, 0.0), ys.min()),
+        guess = (min(max(p0.E / y_ref, _E_MIN / y_ref), ys.min()),
                  math.log(max(p0.A, 1e-300) * n_ref ** -p0.alpha / y_ref),
-                 min(max(p0.alpha, 1e-3), _ALPHA_MAX - 1e-3))
+                 min(max(p0.alpha, _ALPHA_MIN + 1e-3), _ALPHA_MAX - 1e-3))
 
     def law(v, e, log_a, alpha):
         return e + np.exp(log_a - alpha * np.log(v))
@@ -103,7 +105,8 @@ def _fit(x: np.ndarray, y: np.ndarray, p0: PowerLaw | None = None) -> PowerLaw:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OptimizeWarning)  # no covariance needed
             (e, log_a, alpha), _ = curve_fit(
-                law, xs, ys, p0=guess, bounds=([0.0, -np.inf, 0.0], [np.inf, np.inf, _ALPHA_MAX]),
+                law, xs, ys, p0=guess, bounds=([_E_MIN / y_ref, -np.inf, _ALPHA_MIN],
+                                               [np.inf, np.inf, _ALPHA_MAX]),
                 method="trf", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=2000)
     except (RuntimeError, ValueError) as err:
         raise ValueError(f"power-law fit did not converge: {str(err).splitlines()[0]}") from None
@@ -126,6 +129,52 @@ def fit_power_law(n: Sequence[float], loss: Sequence[float]) -> PowerLaw:
             ``MIN_SIZES`` distinct sizes, or a fit that does not converge.
     """
     return _fit(*_points(n, loss))
+
+
+def at_bounds(law: PowerLaw, scale: float) -> dict[str, str]:
+    """The parameters of ``law`` that sit at a bound of the fit (``fit_power_law``: E ≥ 0,
+    0 < alpha < 3; A is free): ``{"E": "lower"}``, ``{"alpha": "upper"}``, or ``{}``. A bound
+    is reached within ``AT_BOUND_TOL``, relative to ``scale`` for E (the metric's size where
+    it was fitted, e.g. the law at the largest N: the fitter stops a hair inside a bound, at
+    E = 1e-19 say) and absolute for alpha. A parameter at its bound is not determined by the
+    points: the least squares would go past it.
+
+    Raises:
+        ValueError: ``scale`` not finite and positive.
+    """
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be finite and positive: {scale}")
+    hit = {}
+    if law.E - _E_MIN <= AT_BOUND_TOL * scale:
+        hit["E"] = "lower"
+    if law.alpha - _ALPHA_MIN <= AT_BOUND_TOL:
+        hit["alpha"] = "lower"
+    elif _ALPHA_MAX - law.alpha <= AT_BOUND_TOL:
+        hit["alpha"] = "upper"
+    return hit
+
+
+def fit_parameters(law: PowerLaw, scale: float, digits: int = 4) -> dict[str, str]:
+    """``law``'s E, A and alpha as text for a table, each with ``digits`` significant digits
+    (``f"{x:.4g}"``: 0.3412, 1.235e+05, 1e-19), and one at a bound (``at_bounds``, ``scale``
+    as there) says so: ``{"E": "1e-19 (at its lower bound, 0)", "A": "812.3",
+    "alpha": "0.3412"}``.
+
+    Raises:
+        ValueError: ``scale`` not finite and positive, or ``digits`` < 1.
+    """
+    if digits < 1:
+        raise ValueError(f"digits must be at least 1: {digits}")
+    bound_values = {("E", "lower"): _E_MIN, ("alpha", "lower"): _ALPHA_MIN,
+                    ("alpha", "upper"): _ALPHA_MAX}
+    hit = at_bounds(law, scale)
+    out = {}
+    for name, value in (("E", law.E), ("A", law.A), ("alpha", law.alpha)):
+        text = f"{value:.{digits}g}"
+        if name in hit:
+            text += f" (at its {hit[name]} bound, {bound_values[name, hit[name]]:g})"
+        out[name] = text
+    return out
 
 
 @dataclass(frozen=True)

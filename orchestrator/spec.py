@@ -277,7 +277,17 @@ class ExperimentSpec(StrictModel):
                     raise _FieldError(("variants", name), f"{e} (size {size})") from None
         self._recursion_runs(models)
         self._fits_gpus(models)
+        self._compiles()
         return self
+
+    def _compiles(self) -> None:
+        """Refuse ``engine.compile: true`` for a workload trained on the plain PyTorch engine
+        (``Workload.backend`` ``ddp``): only DeepSpeed's engine compiles (``auto`` is off
+        there, as it is on CPUs)."""
+        if self.engine.compile is True and self.workload_impl.backend != "deepspeed":
+            raise _FieldError(("engine", "compile"), (
+                f"workload {self.workload} trains on the plain PyTorch engine (DDP), which "
+                "does not compile: set it to auto or false"))
 
     def _recursion_runs(self, models: dict[tuple[str, str], ModelConfig]) -> None:
         """Refuse ``training.eval_steps`` that no variant can use (no CEM sublayer) or that a
@@ -306,7 +316,8 @@ class ExperimentSpec(StrictModel):
         if not (r.use_gpu and r.gpu_memory_gb):
             return
         for (name, size), model in models.items():
-            need = self.workload_impl.memory(model, e, r, t.micro_batch_size)
+            need = self.workload_impl.memory(model, e, r, t.micro_batch_size,
+                                             self.workload_config)
             if need is not None and need.total > r.gpu_memory_gb * 2**30:
                 raise _FieldError(("resources", "gpu_memory_gb"), (
                     f"{name}@{size} needs about {need.describe()} per GPU with ZeRO "

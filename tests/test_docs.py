@@ -40,3 +40,18 @@ def test_no_file_narrates_how_the_project_was_built():
         found += [f"{name}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
                   if NARRATION.search(line) and name != "tests/test_docs.py"]
     assert not found, "\n".join(found[:40])
+
+
+def test_commands_shown_to_users_are_cemlab_commands():
+    """What a user reads (the dashboard, the docs and reports, CLI messages, model cards) names
+    the installed command, ``cemlab run ...``, not ``python -m orchestrator run ...``; modules
+    with a main of their own (``python -m orchestrator.bench``) are not ``cemlab`` commands."""
+    module_form = re.compile(r"python -m orchestrator [a-z]")
+    files = subprocess.run(["git", "ls-files", "README.md", "dashboards", "docs", "orchestrator",
+                            "workloads", "infra", "experiments"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    found = [f"{name}:{i}: {line.strip()}" for name in files if (ROOT / name).is_file()
+             and (ROOT / name).suffix in {".py", ".md", ".yaml", ".yml", ".sh", ""}
+             for i, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1)
+             if module_form.search(line)]
+    assert not found, "\n".join(found)

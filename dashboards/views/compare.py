@@ -70,5 +70,8 @@ st.caption("Each point: one variant and size, the mean ± std over seeds of test
            f"least squares in log-parametrised form; band: 95% percentile band of {BOOTSTRAP} "
            "bootstrap refits (points resampled within each size).")
 if fits:
-    st.dataframe([{"family": f, "E": law.E, "A": law.A, "alpha": law.alpha}
-                  for f, (law, _) in fits.items()], hide_index=True)
+    st.dataframe([{"family": fam, **scaling.fit_parameters(f.fit, f.fit(f.max_n))}
+                  for fam, f in families.items() if f.fit is not None], hide_index=True)
+    st.caption("Fit parameters to 4 significant digits: E in the metric's units, A in its units "
+               "times N^alpha. The fit keeps E >= 0 and 0 < alpha < 3; a parameter \"at its "
+               "bound\" is pinned there: the points alone would take it past the bound.")

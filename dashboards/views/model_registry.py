@@ -11,13 +11,13 @@ st.title("Model registry")
 uri, _ = ui.sources()
 versions = reads.registry_versions(uri)
 if versions.empty:
-    st.info("No model registered yet: `orchestrator run` registers the best trial of every "
+    st.info("No model registered yet: `cemlab run` registers the best trial of every "
             "variant and size (by validation perplexity) when its grid finishes.")
     st.stop()
 best = versions[versions["aliases"].str.contains(r"\bbest\b")]
 st.caption(f"{versions['model'].nunique()} models, {len(versions)} versions; `@best` is the "
            "version with the lowest validation perplexity. `eval: test perplexity` is the last "
-           "`python -m orchestrator models eval NAME@best` result.")
+           "`cemlab models eval NAME@best` result.")
 if uri.startswith(("http://", "https://")):
     versions = versions.assign(link=[f"{uri.rstrip('/')}/#/models/{m}/versions/{v}"
                                      for m, v in zip(versions["model"], versions["version"])])

@@ -57,7 +57,7 @@ def live() -> None:
     if failed:
         st.dataframe(pd.DataFrame(failed), hide_index=True)
         st.caption("A failed trial is retried by submitting its spec again; "
-                   "`python -m orchestrator status SPEC` prints its whole record.")
+                   "`cemlab status SPEC` prints its whole record.")
     else:
         st.caption("None.")
     split = frames.time_split({name: reads.time_metrics(uri, name)

@@ -37,7 +37,7 @@ ui.show(plots.recursion_curves(shown, "Test perplexity against the recursion ste
         shown.drop(columns=["trained"]), f"test-time-{experiment}")
 table = shown.pivot_table(index="label", columns=["rule", "t_eval"], values="perplexity")
 table.columns = [f"{rule} T={t}" for rule, t in table.columns]
-st.dataframe(table, use_container_width=True)
+st.dataframe(table, width="stretch")
 st.caption("kept: eta per step as trained; scaled: eta x T_train / T_eval, the total step of "
            "training. The star marks each run as trained (T_train, eta kept): its test "
            "perplexity. `workloads/lm/recursion.py` logs these, with the energy at every step.")

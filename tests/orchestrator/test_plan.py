@@ -271,3 +271,124 @@ def test_precision_auto_is_fixed_when_planned_and_is_part_of_the_trial_id():
     other = "fp32" if here == "bf16" else "bf16"
     assert [t.trial_id for t in plan(auto)] == ids(here)
     assert not set(ids(here)) & set(ids(other))
+
+
+GP = {"name": "gp", "workload": "gp_regression",
+      "gp": {"kernels": ["rbf"], "input_dim": 6, "n_train": 1500, "n_val": 250, "n_test": 250,
+             "steps": 2},
+      "sizes": ["gp-base"], "variants": {"t2": {"mlp_steps": 2}}, "learning_rates": [0.004],
+      "training": {"batch_size": 64}, "engine": {"precision": "fp32"},
+      "resources": {"num_workers": 1}}
+
+
+def _gp(**overrides) -> dict:
+    return {**GP, **{k: {**GP[k], **v} if isinstance(v, dict) else v
+                     for k, v in overrides.items()}}
+
+
+def _gp_memory(spec_dict: dict):
+    spec = parse_spec(spec_dict)
+    t = plan(spec)[0]
+    return t, spec.workload_impl.memory(t.model, t.engine, t.resources, t.micro_batch_size,
+                                        t.config)
+
+
+def test_the_gp_plan_shows_a_worker_s_memory_the_data_draw_dominates(tmp_path, capsys):
+    """2,000 points from the RBF kernel: 3 N x N float64 matrices at the draw's peak, 96 MB,
+    far above gp-base's states; the plan's row says so instead of '-'."""
+    path = tmp_path / "gp.yaml"
+    path.write_text(yaml.safe_dump(GP))
+    assert main(["plan", "--no-calibrate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{3 * 8 * 2000**2 / 2**20:.0f} MiB" in out  # 92 MiB
+    _, est = _gp_memory(GP)
+    assert est.total == est.draw == 3 * 8 * 2000**2
+    assert est.data == 4 * 2000 * (6 + 1)  # x (N, 6) and y (N,) kept as float32
+    _, both = _gp_memory(_gp(gp={"kernels": ["rbf", "nonstationary"]}))
+    assert both.draw == 4 * 8 * 2000**2  # the Gibbs kernel's draw holds one matrix more
+    # On a GPU the data never reach it: the device holds the training states alone.
+    _, gpu = _gp_memory(_gp(resources={"use_gpu": True}))
+    assert gpu.total == gpu.training < gpu.draw
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_gp_states_match_the_tensors_of_a_real_adamw_step(workers):
+    """Weights, gradients and AdamW's moments as the tensors of a trained step hold them; two
+    workers' DDP reduces gradients through bucket copies of the same size."""
+    import torch
+
+    from workloads.gp.regressor import GPRegressor
+
+    t, est = _gp_memory(_gp(resources={"num_workers": workers}))
+    net = GPRegressor(t.model, t.config.input_dim)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    net(torch.randn(4, t.config.input_dim)).square().mean().backward()
+    opt.step()
+
+    def nbytes(tensors) -> int:
+        return sum(x.numel() * x.element_size() for x in tensors)
+
+    assert est.parameters == nbytes(net.parameters())
+    assert est.gradients == workers * nbytes(p.grad for p in net.parameters())
+    assert est.optimizer == nbytes(s[k] for s in opt.state.values()
+                                   for k in ("exp_avg", "exp_avg_sq"))
+
+
+# bf16 autocast runs the regressor's RMSNorm on bf16 inputs with fp32 weights, unfused (torch
+# says so each time): the path a bf16 GP trial takes.
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight:UserWarning")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("variant", [{"mlp_steps": 1}, {"mlp_steps": 4},
+                                     {"mlp_steps": 3, "layer_reuse": True}])
+def test_gp_activations_match_what_autograd_keeps(precision, variant):
+    """The estimate against the bytes autograd saves for the backward pass of one micro-batch
+    (``saved_tensors_hooks``; the parameters' own storage is counted with the weights)."""
+    import torch
+
+    from workloads.gp.regressor import GPRegressor
+
+    t, est = _gp_memory(_gp(variants={"t": variant}, engine={"precision": precision}))
+    net = GPRegressor(t.model, t.config.input_dim)
+    weights = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    saved: dict[int, int] = {}
+
+    def keep(x):
+        storage = x.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return x
+
+    x = torch.randn(t.micro_batch_size, t.config.input_dim)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda x: x), \
+            torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+        net(x)
+    assert est.activations == pytest.approx(sum(saved.values()), rel=0.12)
+
+
+@pytest.mark.slow
+def test_the_gp_data_draw_peaks_where_the_estimate_says():
+    """The draw's peak resident memory over the process's memory before it, in a fresh
+    interpreter, after a first draw of the same size (its code paths and the linear algebra
+    library's workspaces in place): 4 N x N float64 matrices for the Gibbs kernel, 3 for the
+    RBF kernel, at the paper specs' N = 2,816 (matrices of 63 MB, each a mapping of its own,
+    returned when freed)."""
+    import subprocess
+    import sys
+
+    from workloads.gp.memory import draw_bytes
+
+    script = (
+        "from workloads.gp.data import sample_gp_regression\n"
+        "def status(key):\n"
+        "    line = next(s for s in open('/proc/self/status') if s.startswith(key + ':'))\n"
+        "    return int(line.split()[1]) * 1024\n"
+        "sample_gp_regression('{k}', 6, 2048, 256, 512, 0.05, 0)\n"
+        "with open('/proc/self/clear_refs', 'w') as f:\n"
+        "    f.write('5')\n"  # the peak resident memory (VmHWM) starts again from here
+        "now = status('VmRSS')\n"
+        "sample_gp_regression('{k}', 6, 2048, 256, 512, 0.05, 1)\n"
+        "print(status('VmHWM') - now)\n")
+    for kernel in ("rbf", "nonstationary"):
+        out = subprocess.run([sys.executable, "-c", script.format(k=kernel)], cwd=ROOT,
+                             capture_output=True, text=True, check=True, timeout=120)
+        assert int(out.stdout) == pytest.approx(draw_bytes(2816, [kernel]), rel=0.05)

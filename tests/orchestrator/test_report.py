@@ -14,12 +14,17 @@ from orchestrator.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
 from orchestrator.cli import main
 from orchestrator.ledger import Ledger, Status
 from orchestrator.report import (
+    TITLE_CHAR_EM,
+    TITLE_POINTS,
     claim_spec_path,
     evaluate,
+    figure,
     ladder_figure,
     lr_protocol,
     missing_trials,
     setup,
+    title_chars,
+    wrap_title,
     write_report,
 )
 from orchestrator.spec import load_spec, parse_spec
@@ -219,7 +224,7 @@ def test_the_report_and_its_figures_are_written(tmp_path):
     assert f"| (y) Nothing yet | **not run** | {grid} | Sec. 1 |" in text
     assert f"Spec `claims`; verdict **supports**; learning rate: {grid}." in text
     assert "> It does. (Sec. 0)" in text and "-11.0% ± 1.0%" in text
-    assert "python -m orchestrator run experiments/paper/claims.yaml" in text
+    assert "`cemlab run experiments/paper/claims.yaml`" in text
     assert (tmp_path / "out" / "claim-x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "out" / "claim-y.png").exists()
 
@@ -311,3 +316,38 @@ def test_a_token_ladder_draws_each_arm_against_its_specs_tokens(tmp_path):
     assert text.startswith("# A study at CPU scale")
     assert "![tokens](ladder.png)" in text
     assert (tmp_path / "out" / "ladder.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+LONG_TITLE = ("More recursion steps at test time lower perplexity on every corpus, every size "
+              "and every seed trained (the paper's future work, Sec. 5, against Llama)")
+
+
+def test_a_long_title_wraps_to_lines_that_fit_the_figure_width():
+    for width_in in (7.0, 8.0):
+        chars = title_chars(width_in)
+        # a line of `chars` characters at the widest average character fits across the figure
+        assert chars * TITLE_CHAR_EM * TITLE_POINTS <= width_in * 72
+        lines = wrap_title(LONG_TITLE, width_in).splitlines()
+        assert len(lines) >= 2 and max(len(line) for line in lines) <= chars
+        assert " ".join(lines) == LONG_TITLE  # broken at spaces, nothing lost
+    assert wrap_title("(x) Short: supports", 8.0) == "(x) Short: supports"
+    with pytest.raises(ValueError, match="must be positive"):
+        title_chars(0.0)
+
+
+def test_a_long_claim_title_is_drawn_inside_the_png(tmp_path):
+    """The claim's figure with a title far wider than one line: no ink in the PNG's outermost
+    pixel columns (a title cut at the edge leaves its letters there)."""
+    from matplotlib.image import imread
+
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
+                       "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
+                       "learning_rates": LRS})
+    ledger = _seed_ledger(tmp_path, spec, {"llama": [0.0, 0.0, 0.0],
+                                           "cem-attn": [-0.1, -0.12, -0.11]})
+    result = evaluate(Claim("x", LONG_TITLE, "q", "Sec. 0", "fig0",
+                            (Comparison("cem-attn", "llama"),)), spec, ledger)
+    figure(result, tmp_path / "claim-x.png")
+    ink = imread(tmp_path / "claim-x.png")[..., :3].min(axis=2) < 0.9  # (H, W): not white
+    assert ink.any()
+    assert not ink[:, :3].any() and not ink[:, -3:].any()

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from orchestrator.scaling import (
+    AT_BOUND_TOL,
     MIN_SIZES,
     PowerLaw,
+    at_bounds,
     bootstrap_band,
     fit_family,
+    fit_parameters,
     fit_power_law,
     headline,
     parameter_saving,
@@ -168,3 +171,43 @@ def test_bad_bootstrap_arguments_raise():
         bootstrap_band(SIZES, TRUE(SIZES), level=1.0)
     with pytest.raises(ValueError, match="samples >= 1"):
         bootstrap_band(SIZES, TRUE(SIZES), samples=0)
+
+
+def test_fit_parameters_have_significant_digits_and_no_bound_when_inside():
+    assert fit_parameters(PowerLaw(E=20.123456, A=3012.7, alpha=0.351234), scale=25.0) == {
+        "E": "20.12", "A": "3013", "alpha": "0.3512"}
+    assert fit_parameters(PowerLaw(E=1.5e-3, A=123456.0, alpha=1.0), 25.0, digits=2) == {
+        "E": "0.0015", "A": "1.2e+05", "alpha": "1"}
+
+
+def test_a_floor_the_data_push_below_zero_is_reported_at_its_bound():
+    """Points of 10·N^-0.05 - 1 fall faster than any law with E >= 0 allows: the fit pins E
+    at 0 (a hair above it), and the table says so instead of printing 0.0000000000000000001."""
+    n = np.array([1e6, 3e6, 1e7, 3e7, 1e8])
+    law = fit_power_law(n, 10 * n**-0.05 - 1)
+    assert 0 <= law.E < 1e-9
+    assert at_bounds(law, law(n.max())) == {"E": "lower"}
+    shown = fit_parameters(law, law(n.max()))
+    assert shown["E"] == f"{law.E:.4g} (at its lower bound, 0)"
+    assert "e-" in shown["E"] and len(shown["E"].split()[0]) <= 10  # 5.067e-22, not 0.000…
+    assert "bound" not in shown["A"] + shown["alpha"]
+
+
+def test_a_decay_steeper_than_alpha_3_is_reported_at_the_upper_bound():
+    n = np.arange(1.0, 7.0)
+    law = fit_power_law(n, 1 + 100 * n**-5.0)
+    assert at_bounds(law, law(n.max()))["alpha"] == "upper"
+    assert fit_parameters(law, law(n.max()))["alpha"] == "3 (at its upper bound, 3)"
+
+
+def test_the_bound_tolerance_is_relative_to_the_metric_for_E_and_absolute_for_alpha():
+    near = AT_BOUND_TOL / 2
+    assert at_bounds(PowerLaw(E=near * 100, A=1.0, alpha=0.5), scale=100.0) == {"E": "lower"}
+    assert at_bounds(PowerLaw(E=near * 100, A=1.0, alpha=0.5), scale=1.0) == {}
+    assert at_bounds(PowerLaw(E=5.0, A=1.0, alpha=near), scale=100.0) == {"alpha": "lower"}
+    assert at_bounds(PowerLaw(E=5.0, A=1.0, alpha=3 - near), scale=100.0) == {"alpha": "upper"}
+    assert at_bounds(PowerLaw(E=5.0, A=1.0, alpha=2.99), scale=100.0) == {}
+    with pytest.raises(ValueError, match="scale must be finite and positive"):
+        at_bounds(PowerLaw(E=5.0, A=1.0, alpha=0.5), scale=0.0)
+    with pytest.raises(ValueError, match="digits must be at least 1"):
+        fit_parameters(PowerLaw(E=5.0, A=1.0, alpha=0.5), 1.0, digits=0)

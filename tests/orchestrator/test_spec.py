@@ -105,6 +105,11 @@ def demo_with(tmp_path: Path, patch) -> Path:
     (lambda d: d.update(name="../escape"), "name: String should match pattern"),
     (lambda d: d.update(workload="vision"), "workload: unknown workload 'vision'"),
     (lambda d: d["engine"].update(zero_stage=4), "engine.zero_stage: Input should be 0, 1,"),
+    # only DeepSpeed's engine compiles: GP regression trains on the plain one
+    (lambda d: (d.pop("data"), d["engine"].update(compile=True), d.update(
+        workload="gp_regression", sizes=["gp-small"], variants={"t1": {"mlp_steps": 1}})),
+     "engine.compile: workload gp_regression trains on the plain PyTorch engine (DDP), which "
+     "does not compile"),
     (lambda d: d["engine"].update(deepspeed={"train_batch_size": 64}),
      "engine.deepspeed: train_batch_size is set by the spec's own fields"),
     (lambda d: d["engine"].update(deepspeed={"bf16": False}),
@@ -287,3 +292,18 @@ def test_yes_lets_a_grid_over_the_cap_through(tmp_path, monkeypatch, capsys):
     assert main(["run", spec, "--yes"]) == 2  # past the cap, stopped by the next check
     assert capsys.readouterr().err.strip() == (
         f"error: MLFLOW_TRACKING_URI http://127.0.0.1:{closed}: no answer (Connection refused)")
+
+
+def test_compile_is_refused_only_where_the_plain_engine_trains():
+    """``engine.compile: true`` asks DeepSpeed's engine to compile (the language model); GP
+    regression trains on the plain PyTorch engine, which never compiles: there it is refused,
+    and ``auto`` or ``false`` (what that engine does) pass."""
+    gp = {"name": "gp", "workload": "gp_regression", "sizes": ["gp-small"],
+          "variants": {"t1": {"mlp_steps": 1}}}
+    for setting in ("auto", False):
+        assert parse_spec({**gp, "engine": {"compile": setting}}).engine.compile == setting
+    with pytest.raises(SpecError, match=r"^gp\.yaml: engine\.compile: workload gp_regression "
+                                        r"trains on the plain PyTorch engine"):
+        parse_spec({**gp, "engine": {"compile": True}}, "gp.yaml")
+    lm = {"name": "lm", "sizes": ["nano"], "variants": {"llama": {}}, "engine": {"compile": True}}
+    assert parse_spec(lm).engine.compile is True

@@ -108,8 +108,9 @@ DEEPSPEED_OWNED: dict[str, str | None] = {
 class EngineConfig(StrictModel):
     """The ``engine`` section (``runtime.engine``): DeepSpeed's ZeRO ``zero_stage``, the
     ``precision`` (``auto``: fixed when the trial is planned, ``core.precision``),
-    ``compile`` (whether the workers run the model and the loss through ``torch.compile``;
-    ``engine.compiles``) and ``deepspeed``, more DeepSpeed config. The precision and
+    ``compile`` (whether DeepSpeed's engine runs the model and the loss through
+    ``torch.compile``; ``engine.compiles``; the plain PyTorch engine never compiles) and
+    ``deepspeed``, more DeepSpeed config. The precision and
     ``deepspeed`` are part of a trial's identity, the ZeRO stage and compiling are not.
 
     Raises:
@@ -121,7 +122,8 @@ class EngineConfig(StrictModel):
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile each worker's model and loss (DeepSpeed's "
         "engine.compile); auto: on GPU workers at ZeRO stage 0-2, off on CPUs "
-        "(engine.compiles)")
+        "(engine.compiles). The plain PyTorch engine never compiles: a workload trained on it "
+        "(Workload.backend ddp) refuses true")
     deepspeed: dict[str, Any] = Field(
         default_factory=dict, description="DeepSpeed config keys merged over the one the "
         "engine writes (runtime.optim.deepspeed_config), e.g. {bf16: {check_grad_overflow: "

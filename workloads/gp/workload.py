@@ -18,9 +18,17 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from workloads.core.architecture import ModelConfig
-from workloads.core.config import BudgetConfig, StrictModel, TrainingConfig
+from workloads.core.config import (
+    BudgetConfig,
+    EngineConfig,
+    ResourcesConfig,
+    StrictModel,
+    TrainingConfig,
+)
+from workloads.core.precision import planned_precision
 from workloads.core.trial import Budget, Job, Prepared
 from workloads.gp.data import sample_gp_regression
+from workloads.gp.memory import GPMemoryEstimate, estimate_memory
 from workloads.gp.regressor import GPRegressor, gp_flops_per_sample
 from workloads.models.shapes import shapes_only
 from workloads.runtime.engine import Engine
@@ -79,6 +87,7 @@ class GPRegression(TrainedWorkload):
     selection_metric = "val_rmse"
     unit = "examples"
     micro_batches = False  # each worker takes its share of the batch in one pass
+    backend = "ddp"  # the plain PyTorch engine: engine.compile true is refused
 
     def datasets(self, config: GPConfig) -> list[str]:
         return [f"gp-{k}" for k in config.kernels]
@@ -96,6 +105,22 @@ class GPRegression(TrainedWorkload):
         return Budget(config.steps, examples,
                       gp_flops_per_sample(model, config.input_dim) * examples,
                       gp_parameter_counts(model, config.input_dim))
+
+    def memory(self, model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
+               micro_batch_size: int, config: GPConfig | None = None,
+               ) -> GPMemoryEstimate | None:
+        """``workloads.gp.memory.estimate_memory`` in bytes: the regressor's fp32 weights,
+        gradients and AdamW moments on each DDP worker, one micro-batch's activations in the
+        planned precision, and the data of ``config`` (the N x N float64 matrices of its draw:
+        host memory, before training). None without ``config``: the input width and the
+        number of points are there."""
+        if config is None:
+            return None
+        n = config.n_train + config.n_val + config.n_test
+        return estimate_memory(
+            model, gp_parameter_counts(model, config.input_dim)["total"], config.input_dim, n,
+            config.kernels, micro_batch_size, resources.num_workers,
+            planned_precision(engine.precision, resources.use_gpu), resources.use_gpu)
 
     def calibration_step(self, config: GPConfig, model: ModelConfig, micro_batch_size: int,
                          device: torch.device) -> tuple[Callable[[], None], float]:
@@ -118,7 +143,7 @@ class GPRegressionTask(Task):
     ``data_seed`` data on every worker, each its own draws), ``val_rmse`` and ``test_rmse``.
     The replicas keep in step by DDP."""
 
-    backend, unit = "ddp", "examples"
+    backend, unit = GPRegression.backend, "examples"
     headline = ("val_rmse", "test_rmse")
 
     def __init__(self, job: Job, session: Session) -> None:

@@ -61,5 +61,5 @@ model.predict(pd.DataFrame({{"text": ["To be, or not"]}}),
                       "top_k": 50, "seed": 0}})  # continuation
 ```
 
-or `python -m orchestrator models generate {name}@best "To be, or not"`.
+or `cemlab models generate {name}@best "To be, or not"`.
 """

@@ -79,7 +79,8 @@ class TorchEngine(Engine):
     norm) in plain PyTorch, every ``grad_accum`` micro-batches. ``wrap`` (e.g. Ray Train's
     ``prepare_model``, which adds DDP) turns the model into the module that runs forward;
     ``rank`` 0 alone writes checkpoints (the replicas are identical). ``precision="bf16"`` runs
-    the forward under ``torch.autocast`` with fp32 weights."""
+    the forward under ``torch.autocast`` with fp32 weights. It never compiles (``compiled``
+    stays False): ``engine.compile`` is DeepSpeed's."""
 
     def __init__(self, model: nn.Module, optimizer: Optimizer, scheduler: Scheduler,
                  device: torch.device, precision: str, grad_clip: float, grad_accum: int,

@@ -160,8 +160,10 @@ class RaySession(Session):
         super().__init__(job)
         import ray.train
 
-        # DeepSpeed still calls torch.distributed's deprecated all_gather_into_tensor.
-        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+        # DeepSpeed still calls torch.distributed's deprecated all_gather_into_tensor (and, at
+        # ZeRO-3, reduce_scatter_tensor): those two messages, no other FutureWarning.
+        warnings.filterwarnings("ignore", r"`torch\.distributed\.(all_gather_into_tensor|"
+                                r"reduce_scatter_tensor)` is deprecated", FutureWarning)
         torch.set_num_threads(job.trial.resources.cpus_per_worker)
         ctx = ray.train.get_context()
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()

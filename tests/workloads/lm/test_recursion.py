@@ -33,10 +33,11 @@ def _perplexity(model, dataset) -> float:
     logits in float64 (not the model's own targets path, which the trial's evaluation uses)."""
     nll, n = 0.0, 0
     with torch.no_grad():
-        for i in range(len(dataset)):
-            x, y = dataset[i]
-            logp = torch.log_softmax(model(x[None]).double(), dim=-1)[0]  # (T, vocab)
-            nll -= logp.gather(1, y[:, None]).sum().item()
+        for start in range(0, len(dataset), 16):
+            xs, ys = zip(*(dataset[i] for i in range(start, min(start + 16, len(dataset)))))
+            y = torch.stack(ys)  # (B, T)
+            logp = torch.log_softmax(model(torch.stack(xs)).double(), dim=-1)  # (B, T, vocab)
+            nll -= logp.gather(2, y[..., None]).sum().item()
             n += y.numel()
     return math.exp(nll / n)
 
