@@ -1,6 +1,7 @@
 """The claims report: each claim of a ``ClaimSet`` (``orchestrator.claims``: the paper's, or the
-recursion study's) measured on the ledger's finished trials, with seeds, mean ± std, an interval
-paired by seed and Holm-adjusted across the claim's comparisons, and a verdict
+recursion study's) measured on the ledger's finished trials, with seeds, the mean effect, an
+interval paired by seed and Holm-adjusted across the claim's comparisons, the minimum detectable
+effect, and a verdict
 (``orchestrator.verdicts``: supports, contradicts, equivalent, mixed, underpowered); written as
 ``REPORT.md`` plus one PNG figure per claim (and ``ladder.png``, the test metric against
 training tokens, for a set's ladder). docs/statistics.md gives the formulas.
@@ -24,8 +25,9 @@ from pathlib import Path
 
 from orchestrator import verdicts
 from orchestrator.analysis import Point, seed_choices
+from orchestrator.brackets import same_lr
 from orchestrator.claims import CLAIM_SETS, Claim, ClaimSet, Comparison
-from orchestrator.ledger import Ledger, Status
+from orchestrator.ledger import Ledger, Status, TrialRow
 from orchestrator.results import experiment_rows, finished_points, short_metric
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
@@ -36,9 +38,13 @@ from workloads.core.trial import Trial
 
 @dataclass(frozen=True)
 class Effect:
-    """One comparison at one (dataset, size): per-seed effects (at the chosen LRs, and with the
-    nearest trained LRs' test metrics, ``nearest``), the interval at the comparison's Holm level
-    (``alpha``: 1 - alpha coverage; None with fewer than 2 seeds) and its verdict."""
+    """One comparison at one (dataset, size): per-seed effects (relative; at the chosen LRs,
+    and with the nearest trained LRs' test metrics, ``nearest``), the 1 - ``alpha`` interval at
+    the comparison's Holm level (``ci``; None with fewer than 2 seeds), its verdict, the
+    interval that verdict rests on (``shown``, of coverage ``coverage``: ``ci``, or the
+    1 - 2 alpha TOST interval of an equivalence), the equivalence ``margin`` (relative, ±), the
+    minimum detectable effect at 80 % power (``mde``, relative) and the seeds that would bring
+    it down to the margin (``seeds_needed``; ``verdicts.mde``, ``verdicts.seeds_for``)."""
 
     comparison: Comparison
     dataset: str
@@ -49,6 +55,11 @@ class Effect:
     ci: tuple[float, float] | None
     alpha: float
     verdict: str
+    margin: float = 0.01
+    shown: tuple[float, float] | None = None
+    coverage: float = 0.95
+    mde: float | None = None
+    seeds_needed: int | None = None
 
     @property
     def mean(self) -> float:
@@ -56,7 +67,26 @@ class Effect:
 
     @property
     def std(self) -> float:
+        """The seeds' sample standard deviation of the effect (relative; 0 for one seed)."""
         return statistics.stdev(self.per_seed) if len(self.per_seed) > 1 else 0.0
+
+    @property
+    def margin_unreachable(self) -> bool:
+        """Whether the margin is below what these seeds detect (``mde`` > ``margin``)."""
+        return self.mde is not None and self.mde > self.margin
+
+
+def measure(comparison: Comparison, margin: float, dataset: str, size: str,
+            seeds: tuple[int, ...], per_seed: tuple[float, ...], nearest: tuple[float, ...],
+            alpha: float) -> Effect:
+    """The ``Effect`` of one comparison's per-seed effects (relative) at Holm level ``alpha``
+    with equivalence ``margin`` (relative, ±)."""
+    sample = verdicts.Sample(per_seed, comparison.threshold, margin, comparison.tost)
+    shown, coverage = verdicts.verdict_interval(sample, alpha)
+    return Effect(comparison, dataset, size, seeds, per_seed, nearest, sample.interval(alpha),
+                  alpha, verdicts.verdict(sample, alpha), margin, shown, coverage,
+                  verdicts.mde(sample.sd, sample.n, alpha),
+                  verdicts.seeds_for(sample.sd, margin, alpha) if sample.n > 1 else None)
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,7 @@ class ClaimResult:
     effects: tuple[Effect, ...]
     arms: list[dict]  # per (dataset, size, variant): test and chosen LR, mean ± std over seeds
     incomplete: tuple[str, ...] = ()  # arms and seeds left out: their LR grid is unfinished
+    diverged: tuple[str, ...] = ()  # seeds kept with learning rates that diverged
     tests: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
     # ^ (dataset, size, variant) -> the test metric of each seed at its chosen LR
     at_edge: tuple[str, ...] = ()  # arms with seeds whose chosen LR sits at the grid's edge
@@ -76,6 +107,12 @@ class ClaimResult:
     @property
     def verdict(self) -> str:
         return verdicts.combine([e.verdict for e in self.effects])
+
+    @property
+    def decided(self) -> str:
+        """e.g. ``3 of 4 comparisons decided``."""
+        n = sum(e.verdict in verdicts.DEFINITE for e in self.effects)
+        return f"{n} of {len(self.effects)} comparisons decided"
 
 
 def paired_effects(comparison: Comparison, tests: dict[str, dict[int, float]]
@@ -97,21 +134,62 @@ def paired_effects(comparison: Comparison, tests: dict[str, dict[int, float]]
     return seeds, tuple(effect(s) for s in seeds)
 
 
-def complete_grids(spec: ExperimentSpec, points: list[Point],
-                   ) -> tuple[list[Point], tuple[str, ...]]:
-    """The points of the (dataset, variant, size, seed) groups that have every learning rate
-    of ``spec`` finished, and one line per group left out: an LR chosen on part of the grid
-    is not the one the full grid would choose, so a comparison never uses it."""
-    groups: dict[tuple, list[Point]] = defaultdict(list)
-    for p in points:
-        groups[(p.dataset, p.variant, p.size, p.seed)].append(p)
-    grid = set(spec.lr_grid)
-    complete = {key: {p.lr for p in ps} >= grid for key, ps in groups.items()}
-    kept = [p for key, ps in groups.items() if complete[key] for p in ps]
-    left_out = tuple(f"{v}@{s} ({d}) seed {seed}: {len(ps)} of {len(grid)} learning rates "
-                     "finished, left out" for (d, v, s, seed), ps in sorted(groups.items())
-                     if not complete[(d, v, s, seed)])
-    return kept, left_out
+def outcome(row: TrialRow) -> str:
+    """``finished`` (FINISHED with finite validation and test metrics), ``diverged`` (FAILED;
+    or FINISHED with a non-finite metric, or with no test metric at all: SQLite stores NaN as
+    NULL) or ``missing`` (not yet run, or finished with a test metric but no validation metric
+    recorded)."""
+    if row.status == Status.FAILED or (row.status == Status.FINISHED and row.metric is None):
+        return "diverged"
+    if row.status != Status.FINISHED or row.val_metric is None:
+        return "missing"
+    finite = math.isfinite(row.metric) and math.isfinite(row.val_metric)
+    return "finished" if finite else "diverged"
+
+
+def required_lrs(spec: ExperimentSpec, rows: list[TrialRow]) -> dict[tuple, list[float]]:
+    """Per (dataset, variant, size): the learning rates every seed must have, ascending: the
+    spec's grid and every learning rate any seed of the arm has a row at (what its bracket's
+    rounds added, ``lr_round``), whatever the row's status."""
+    out: dict[tuple, list[float]] = defaultdict(lambda: list(spec.lr_grid))
+    for r in rows:
+        lrs = out[(r.dataset, r.variant, r.size)]
+        if not any(same_lr(r.lr, lr) for lr in lrs):
+            lrs.append(r.lr)
+    return {arm: sorted(lrs) for arm, lrs in out.items()}
+
+
+def complete_grids(spec: ExperimentSpec, rows: list[TrialRow],
+                   ) -> tuple[list[Point], tuple[str, ...], tuple[str, ...]]:
+    """The finished points of the (dataset, variant, size, seed) groups that have an outcome
+    (``outcome``: finished or diverged) at every learning rate of their arm (``required_lrs``),
+    one line per group left out, and one line per kept group with diverged learning rates. An
+    LR chosen on part of the grid is not the one the full grid would choose, so a comparison
+    never uses it; a diverged LR counts as present with infinite validation loss: the seed
+    stays and that LR is never chosen (a seed whose every LR diverged is left out)."""
+    required = required_lrs(spec, rows)
+    groups: dict[tuple, list[TrialRow]] = defaultdict(list)
+    for r in rows:
+        groups[(r.dataset, r.variant, r.size, r.seed)].append(r)
+    kept, left_out, diverged = [], [], []
+    for (d, v, s, seed), rs in sorted(groups.items()):
+        lrs = required[(d, v, s)]
+        done = [r for r in rs if outcome(r) != "missing"]
+        missing = [lr for lr in lrs if not any(same_lr(r.lr, lr) for r in done)]
+        finite = finished_points([r for r in done if outcome(r) == "finished"])
+        bad = sorted(r.lr for r in done if outcome(r) == "diverged")
+        name = f"{v}@{s} ({d}) seed {seed}"
+        if missing:
+            left_out.append(f"{name}: {len(lrs) - len(missing)} of {len(lrs)} learning rates "
+                            f"finished (not {', '.join(f'{lr:g}' for lr in missing)}), left out")
+        elif not finite:
+            left_out.append(f"{name}: every learning rate diverged, left out")
+        else:
+            kept += finite
+            if bad:
+                diverged.append(f"{name}: learning rate {', '.join(f'{lr:g}' for lr in bad)} "
+                                "diverged, counted as infinite validation loss (never chosen)")
+    return kept, tuple(left_out), tuple(diverged)
 
 
 def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
@@ -123,7 +201,7 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
     run id to its metrics) of the trial nearest each seed's chosen learning rate; without it,
     or where the run lacks the setting, they have no seeds."""
     rows = experiment_rows(spec, ledger)
-    points, incomplete = complete_grids(spec, finished_points(rows))
+    points, incomplete, diverged = complete_grids(spec, rows)
     choices = seed_choices(points)
     run_of = {(r.dataset, r.variant, r.size, r.seed, r.lr): r.mlflow_run_id for r in rows}
     found, arms, all_tests = [], [], {}
@@ -166,21 +244,20 @@ def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
             if seeds:
                 found.append((comparison, dataset, size, seeds, per_seed,
                               paired_effects(comparison, nearest)[1]))
-    family = [verdicts.Sample(per_seed, c.threshold, c.equivalence)
-              for c, _, _, _, per_seed, _ in found]
-    levels = verdicts.holm_levels([t.p_value() for t in family])
-    effects = tuple(Effect(c, d, s, seeds, per_seed, near, t.interval(alpha), alpha,
-                           verdicts.verdict(t, alpha))
-                    for (c, d, s, seeds, per_seed, near), t, alpha in zip(found, family, levels,
-                                                                          strict=True))
+    family = [verdicts.Sample(per_seed, c.threshold, claim.margin_of(c), c.tost).p_value()
+              for c, _, _, _, per_seed, _ in found]  # each comparison's own test
+    levels = verdicts.holm_levels(family)
+    effects = tuple(measure(c, claim.margin_of(c), d, s, seeds, per_seed, near, alpha)
+                    for (c, d, s, seeds, per_seed, near), alpha in zip(found, levels,
+                                                                       strict=True))
     edges = tuple(f"{a['variant']}@{a['size']} ({a['dataset']}): {a['at grid edge']} seeds "
                   "chose a learning rate at the grid's edge" for a in arms
                   if "@" not in a["variant"] and not a["at grid edge"].startswith("0 "))
     finished = [r for r in rows if r.status == Status.FINISHED]
     timed = [(r.started_at, r.finished_at) for r in finished if r.started_at and r.finished_at]
     span = (min(s for s, _ in timed), max(f for _, f in timed)) if timed else None
-    return ClaimResult(claim, spec, short_metric(spec), effects, arms, incomplete, all_tests,
-                       edges, frozenset(r.trial_hash for r in finished), span)
+    return ClaimResult(claim, spec, short_metric(spec), effects, arms, incomplete, diverged,
+                       all_tests, edges, frozenset(r.trial_hash for r in finished), span)
 
 
 def setup(results: list[ClaimResult]) -> str:
@@ -261,14 +338,47 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
+def _level(coverage: float) -> str:
+    """An interval's coverage (a fraction) as ``98.3 %``."""
+    return f"{100 * coverage:.3g} %"
+
+
+def _interval(e: Effect) -> str:
+    """The effect's mean and the interval its verdict rests on, in %: ``+2.0% [-1.9, +4.4]``."""
+    if e.shown is None:
+        return f"{_pct(e.mean)} [-]"
+    return f"{_pct(e.mean)} [{100 * e.shown[0]:+.1f}, {100 * e.shown[1]:+.1f}]"
+
+
 def _effect_row(result: ClaimResult, e: Effect) -> dict:
     return {"claim": f"({result.claim.key})", "comparison": e.comparison.describe(),
             "data": e.dataset, "size": e.size, "seeds": len(e.seeds),
-            "effect": f"{_pct(e.mean)} ± {100 * e.std:.1f}%",
+            "effect [interval]": _interval(e),
+            "interval": f"{_level(e.coverage)}" + (" TOST" if e.shown != e.ci else "")
+            if e.shown else "-",
+            "sd (seeds)": f"{100 * e.std:.1f}%",
             "effect (nearest LR)": _pct(statistics.fmean(e.nearest)),
-            "Holm CI": (f"[{_pct(e.ci[0])}, {_pct(e.ci[1])}] at {1 - e.alpha:.1%}" if e.ci
-                        else "-"),
-            "equivalence": f"±{e.comparison.equivalence:.0%}", "verdict": e.verdict}
+            "margin": f"±{100 * e.margin:g}%",
+            "MDE (80 %)": f"{100 * e.mde:.1f}%" if e.mde is not None else "-",
+            "seeds for margin": e.seeds_needed if e.seeds_needed is not None else "-",
+            "verdict": e.verdict}
+
+
+def margin_lines(result: ClaimResult) -> list[str]:
+    """The claim's equivalence margin with its reason, then one line per comparison whose
+    margin lies below its minimum detectable effect: there an equivalence cannot be shown and
+    an effect as small as the margin not found with these seeds."""
+    why = f" ({result.claim.equivalence_why})" if result.claim.equivalence_why else ""
+    lines = [f"Equivalence margin: ±{100 * result.claim.equivalence:g} %{why}"]
+    for e in result.effects:
+        if e.margin_unreachable:
+            more = (f"{e.seeds_needed} seeds would reach it" if e.seeds_needed
+                    else "no feasible number of seeds reaches it")
+            lines.append(
+                f"Margin unreachable: {e.comparison.describe()} ({e.dataset}, {e.size}): "
+                f"±{100 * e.margin:g} % lies below the minimum detectable effect "
+                f"{100 * e.mde:.1f} % of {len(e.seeds)} seeds (sd {100 * e.std:.1f} %); {more}")
+    return lines
 
 
 TITLE_POINTS = 9  # font size of a figure's title
@@ -323,9 +433,19 @@ def _save_png(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
+def interval_label(effects: tuple[Effect, ...]) -> str:
+    """What a claim figure's bars are: ``Holm-adjusted 98.3 % interval`` when every bar has
+    that coverage, else ``Holm-adjusted interval (level per row)``."""
+    levels = {_level(e.coverage) for e in effects if e.shown}
+    if len(levels) == 1:
+        return f"Holm-adjusted {levels.pop()} interval"
+    return "Holm-adjusted interval (level per row)"
+
+
 def figure(result: ClaimResult, path: Path) -> None:
-    """Per-seed effects (dots), their mean and 95 % interval (bar) for every comparison of the
-    claim, against 0 and the claim's margin, under the claim's title wrapped to the figure
+    """Per-seed effects (dots), their mean and the interval each verdict rests on (bar, at its
+    Holm-adjusted level, stated on the axis and per row) for every comparison of the claim,
+    against 0 and the claim's margin, under the claim's title wrapped to the figure
     (``wrap_title``); written as a PNG (matplotlib, no display)."""
     plt = _pyplot()
     effects = result.effects
@@ -333,7 +453,7 @@ def figure(result: ClaimResult, path: Path) -> None:
     for y, e in enumerate(effects):
         ax.scatter([100 * x for x in e.per_seed], [y] * len(e.per_seed), color="0.5", s=14,
                    zorder=3)
-        low, high = e.ci if e.ci else (e.mean, e.mean)
+        low, high = e.shown if e.shown else (e.mean, e.mean)
         color = {verdicts.SUPPORTS: "tab:green", verdicts.CONTRADICTS: "tab:red",
                  verdicts.EQUIVALENT: "tab:blue"}.get(e.verdict, "tab:gray")
         ax.errorbar(100 * e.mean, y, xerr=[[100 * (e.mean - low)], [100 * (high - e.mean)]],
@@ -343,10 +463,11 @@ def figure(result: ClaimResult, path: Path) -> None:
                     linestyle="--")
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(effects)),
-                  [f"{e.comparison.describe()}\n{e.dataset}, {e.size}" for e in effects],
+                  [f"{e.comparison.describe()}\n{e.dataset}, {e.size}"
+                   + (f", {_level(e.coverage)}" if e.shown else "") for e in effects],
                   fontsize=7)
-    ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better); "
-                  "bars: Holm-adjusted CI paired by seed")
+    ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better)\n"
+                  f"bars: {interval_label(effects)}s, paired by seed")
     _title(fig, f"({result.claim.key}) {result.claim.title}: {result.verdict}")
     _save_png(plt, fig, path)
 
@@ -404,8 +525,11 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
         f"seeds at the comparison's Holm level (family-wise {verdicts.ALPHA:.0%} over the "
         "claim's comparisons). Verdicts: supports / contradicts when the interval clears the "
         "claim's threshold (0, or its not-worse margin) on one side; equivalent when the TOST "
-        "interval lies inside the claim's equivalence margin; underpowered otherwise; a claim "
-        "whose comparisons disagree is mixed (the formulas: `docs/statistics.md`).",
+        "interval lies inside the claim's equivalence margin; underpowered otherwise. A claim "
+        "takes the verdict its decided comparisons share, mixed when they differ, underpowered "
+        "when none is decided. The effect column gives the interval the verdict rests on, sd "
+        "the seeds' spread, MDE the effect detected with 80 % power at the comparison's level "
+        "(the formulas: `docs/statistics.md`).",
         "",
         "| claim | verdict | learning rate | paper |",
         "|---|---|---|---|",
@@ -418,11 +542,12 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
     for r in results:
         lines += [f"## ({r.claim.key}) {r.claim.title}", "",
                   f"> {r.claim.quote} ({r.claim.source})", "",
-                  f"Spec `{r.spec.name}`; verdict **{r.verdict}**; learning rate: "
-                  f"{lr_protocol(r.spec)}.", "",
+                  f"Spec `{r.spec.name}`; verdict **{r.verdict}** ({r.decided}); learning "
+                  f"rate: {lr_protocol(r.spec)}.", "",
+                  *[f"- {line}." for line in margin_lines(r)],
                   *[f"- Incomplete: {line}." for line in r.incomplete],
-                  *[f"- At a grid edge: {line}." for line in r.at_edge],
-                  *([""] if r.incomplete or r.at_edge else [])]
+                  *[f"- Diverged: {line}." for line in r.diverged],
+                  *[f"- At a grid edge: {line}." for line in r.at_edge], ""]
         if not r.effects:
             lines += [f"No finished trials yet: `cemlab run "
                       f"{directory.rstrip('/')}/{r.spec.name}.yaml`.", ""]

@@ -6,6 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 from scipy.stats import t as student_t
@@ -117,7 +118,8 @@ def test_the_five_verdicts_follow_the_intervals_the_margins_and_the_sizes():
     assert combine([EQUIVALENT]) == EQUIVALENT
     assert combine([SUPPORTS, CONTRADICTS]) == MIXED  # the sizes disagree
     assert combine([SUPPORTS, EQUIVALENT, UNDERPOWERED]) == MIXED
-    assert combine([SUPPORTS, UNDERPOWERED]) == UNDERPOWERED
+    assert combine([SUPPORTS, UNDERPOWERED]) == SUPPORTS  # the decided ones agree
+    assert combine([UNDERPOWERED, UNDERPOWERED]) == UNDERPOWERED  # none decided
     assert combine([]) == NOT_RUN
 
 
@@ -173,7 +175,9 @@ def test_effects_are_paired_by_seed_at_the_lr_chosen_on_validation(tmp_path):
     partial = evaluate(claim, spec, ledger)
     assert partial.effects[0].seeds == (2,)
     assert partial.incomplete == ("cem-attn@nano (shakespeare) seed 1: 2 of 3 learning rates "
-                                  "finished, left out",)
+                                  "finished (not 0.004), left out",
+                                  "llama@nano (shakespeare) seed 0: every learning rate "
+                                  "diverged, left out")
     path = write_report([partial], tmp_path / "out", "cpu", "experiments/paper/")
     assert "- Incomplete: cem-attn@nano (shakespeare) seed 1: 2 of 3" in path.read_text()
 
@@ -222,8 +226,9 @@ def test_the_report_and_its_figures_are_written(tmp_path):
     grid = f"own optimum on {LRS[0]:g}..{LRS[-1]:g} ({len(LRS)})"
     assert f"| (x) CEM beats Llama | **supports** | {grid} | Sec. 0 |" in text
     assert f"| (y) Nothing yet | **not run** | {grid} | Sec. 1 |" in text
-    assert f"Spec `claims`; verdict **supports**; learning rate: {grid}." in text
-    assert "> It does. (Sec. 0)" in text and "-11.0% ± 1.0%" in text
+    assert (f"Spec `claims`; verdict **supports** (1 of 1 comparisons decided); learning rate: "
+            f"{grid}.") in text
+    assert "> It does. (Sec. 0)" in text and "-11.0% [" in text
     assert "`cemlab run experiments/paper/claims.yaml`" in text
     assert (tmp_path / "out" / "claim-x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "out" / "claim-y.png").exists()
@@ -351,3 +356,137 @@ def test_a_long_claim_title_is_drawn_inside_the_png(tmp_path):
     ink = imread(tmp_path / "claim-x.png")[..., :3].min(axis=2) < 0.9  # (H, W): not white
     assert ink.any()
     assert not ink[:, :3].any() and not ink[:, -3:].any()
+
+
+def _effects_ledger(tmp_path, spec, effects: dict[str, list[float]]) -> Ledger:
+    """``_seed_ledger`` with llama's offsets 0, 0.1, -0.05, ... and each other variant's set
+    so that its effect against llama at the validation optimum is exactly ``effects[v][seed]``."""
+    n = len(next(iter(effects.values())))
+    base = [(0.0, 0.1, -0.05)[s % 3] for s in range(n)]
+    return _seed_ledger(tmp_path, spec, {"llama": base, **{
+        v: [(1 + b) * (1 + e) - 1 for b, e in zip(base, es, strict=True)]
+        for v, es in effects.items()}})
+
+
+def test_holm_takes_an_equivalence_comparisons_tost_p(tmp_path):
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
+                       "variants": {"llama": {}, "same": {"attention": "cem"},
+                                    "lower": {"mlp": "cem"}}, "learning_rates": LRS})
+    same, lower = [0.001, -0.001, 0.0005], [-0.05, -0.03, -0.07]
+    ledger = _effects_ledger(tmp_path, spec, {"same": same, "lower": lower})
+    claim = Claim("x", "x", "q", "Sec. 0", "fig0",
+                  (Comparison("same", "llama", "equivalent"), Comparison("lower", "llama")))
+    eq, better = evaluate(claim, spec, ledger).effects
+    # independently: TOST's p of `same` (±1 %) and the t-test's p of `lower`
+    se = statistics.stdev(same) / math.sqrt(3)
+    p_tost = max(student_t.sf((statistics.fmean(same) + 0.01) / se, 2),
+                 student_t.cdf((statistics.fmean(same) - 0.01) / se, 2))
+    p_lower = 2 * student_t.sf(abs(statistics.fmean(lower)) / (statistics.stdev(lower)
+                                                                / math.sqrt(3)), 2)
+    assert p_tost < 0.025 < p_lower <= 0.05  # Holm: TOST first at 0.025, then 0.05
+    assert (eq.alpha, better.alpha) == pytest.approx((0.025, 0.05))
+    assert eq.verdict == SUPPORTS and eq.coverage == pytest.approx(0.95)  # TOST's 1 - 2 alpha
+
+
+def _row(ledger, exp_id, variant, seed, lr, status=Status.FINISHED, val=None, lr_round=None):
+    row = ledger.ensure_trial(exp_id, f"{variant}-{seed}-{lr}", dataset="shakespeare",
+                              variant=variant, size="nano", lr=lr, seed=seed, lr_round=lr_round)
+    val = 100 * (1 + math.log2(lr / 0.002) ** 2 / 10) if val is None else val
+    ledger.update_trial(row.id, status=status, val_metric=val, metric=1.02 * val)
+
+
+def test_every_seed_needs_the_lrs_a_bracket_added_and_a_diverged_lr_keeps_its_seed(tmp_path):
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2, 3],
+                       "variants": {"llama": {}}, "learning_rates": {"grid": LRS,
+                                                                     "max_points": 5}})
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    exp = ledger.ensure_experiment(spec.name, "language_model", "")
+    for seed in range(4):
+        for lr in LRS:
+            diverged = seed == 1 and lr == 0.004
+            _row(ledger, exp.id, "llama", seed, lr, val=math.nan if diverged else None)
+        # a bracket's round added 0.008 for every seed; seed 2's trial has not run yet, seed 3's
+        # failed (counted as diverged)
+        status = {2: Status.PENDING, 3: Status.FAILED}.get(seed, Status.FINISHED)
+        _row(ledger, exp.id, "llama", seed, 0.008, status, lr_round=1)
+    claim = Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("llama", "llama"),))
+    result = evaluate(claim, spec, ledger)
+    assert result.effects[0].seeds == (0, 1, 3)  # seed 2 lacks the added LR; 1 and 3 stay
+    assert result.incomplete == ("llama@nano (shakespeare) seed 2: 3 of 4 learning rates "
+                                 "finished (not 0.008), left out",)
+    assert result.diverged == (
+        "llama@nano (shakespeare) seed 1: learning rate 0.004 diverged, counted as infinite "
+        "validation loss (never chosen)",
+        "llama@nano (shakespeare) seed 3: learning rate 0.008 diverged, counted as infinite "
+        "validation loss (never chosen)")
+    text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
+    assert "- Diverged: llama@nano (shakespeare) seed 1: learning rate 0.004" in text
+
+
+def test_the_effect_column_gives_the_verdicts_interval_and_sd_apart(tmp_path, monkeypatch):
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
+                       "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
+                       "learning_rates": LRS})
+    effects = [-0.10, -0.12, -0.11]
+    ledger = _effects_ledger(tmp_path, spec, {"cem-attn": effects})
+    claim = Claim("x", "x", "q", "Sec. 0", "fig0",
+                  (Comparison("cem-attn", "llama"), Comparison("cem-attn", "llama", "not_worse",
+                                                               0.05)), equivalence=0.03,
+                  equivalence_why="a reason")
+    result = evaluate(claim, spec, ledger)
+    e = min(result.effects, key=lambda e: e.alpha)  # two comparisons, both rejected
+    mean, sd = statistics.fmean(effects), statistics.stdev(effects)
+    half = student_t.ppf(1 - e.alpha / 2, 2) * sd / math.sqrt(3)
+    assert sorted(x.alpha for x in result.effects) == pytest.approx([0.025, 0.05])
+    drawn = {}
+
+    def save(plt, fig, path):
+        ax = fig.axes[0]
+        drawn.update(label=ax.get_xlabel(), ticks=[t.get_text() for t in ax.get_yticklabels()])
+        plt.close(fig)
+
+    monkeypatch.setattr("orchestrator.report._save_png", save)
+    text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
+    assert f"{100 * mean:+.1f}% [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]" in text
+    effect_table = text.split("```")[1].strip().split("\n\n")[0]
+    assert "sd (seeds)" in effect_table and f"{100 * sd:.1f}%" in effect_table
+    assert "±" not in effect_table.replace("±3%", "")  # no ± beside the effect, only the margin
+    assert "Holm-adjusted interval (level per row)" in drawn["label"]  # not "95 %"
+    assert {t.rsplit(", ", 1)[1] for t in drawn["ticks"]} == {"97.5 %", "95 %"}
+    one = evaluate(Claim("y", "y", "q", "Sec. 0", "fig0", claim.comparisons[:1]), spec, ledger)
+    figure(one, tmp_path / "one.png")
+    assert "bars: Holm-adjusted 95 % intervals" in drawn["label"]
+    # the margin is the claim's, stated with its reason, and the MDE beside the effect
+    assert e.margin == 0.03 and "- Equivalence margin: ±3 % (a reason)." in text
+    assert "MDE (80 %)" in text and f"{100 * e.mde:.1f}%" in text
+
+
+def test_a_margin_below_the_mde_is_said_unreachable(tmp_path):
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
+                       "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
+                       "learning_rates": LRS})
+    ledger = _effects_ledger(tmp_path, spec, {"cem-attn": [0.02, -0.01, 0.005]})
+    result = evaluate(Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("cem-attn", "llama"),)),
+                      spec, ledger)
+    (e,) = result.effects
+    assert e.verdict == UNDERPOWERED and e.margin_unreachable and e.seeds_needed > 3
+    text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
+    assert (f"- Margin unreachable: cem-attn vs llama (lower) (shakespeare, nano): ±1 % lies "
+            f"below the minimum detectable effect {100 * e.mde:.1f} % of 3 seeds") in text
+    assert f"{e.seeds_needed} seeds would reach it" in text
+
+
+def test_a_simulated_known_effect_is_recovered_from_the_ledger(tmp_path):
+    """Ten seeds of a true effect of +8 % (sd 2 %) and of none (sd 0.2 %), through the ledger,
+    the LR choice and the verdicts."""
+    rng = np.random.default_rng(2024)
+    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": list(range(10)),
+                       "variants": {"llama": {}, "worse": {"attention": "cem"},
+                                    "same": {"mlp": "cem"}}, "learning_rates": LRS})
+    ledger = _effects_ledger(tmp_path, spec, {"worse": list(rng.normal(0.08, 0.02, 10)),
+                                              "same": list(rng.normal(0.0, 0.002, 10))})
+    claim = Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("worse", "llama"),
+                                                    Comparison("same", "llama")))
+    worse, same = evaluate(claim, spec, ledger).effects
+    assert worse.verdict == CONTRADICTS and same.verdict == EQUIVALENT
+    assert worse.mean == pytest.approx(0.08, abs=0.02)
