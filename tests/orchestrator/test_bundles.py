@@ -22,7 +22,7 @@ from orchestrator.run import claim, model_runs, open_books
 from orchestrator.settings import Settings
 from orchestrator.spec import load_spec, parse_spec
 from tests.conftest import free_port
-from tests.orchestrator.test_report import LRS, PAPER, _seed_ledger
+from tests.orchestrator.test_report import LRS, PAPER, _seed_ledger, _test_time_study
 from tests.orchestrator.test_trial_cache import (  # noqa: F401 (fixture)
     PREPARED,
     _spec,
@@ -309,17 +309,7 @@ def test_a_report_from_bundles_alone_equals_the_report_from_the_ledger_and_mlflo
     """Test-time arms read the runs' final metrics: from MLflow on the ledger, from the bundle's
     JSON without it."""
     shutil.copy(empty_mlflow_store, tmp_path / "mlflow.db")
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
-                       "variants": {"cem": {"attention": "cem", "attn_steps": 2}},
-                       "learning_rates": LRS})
-    ledger = _seed_ledger(tmp_path, spec, {"cem": [0.0, 0.1, -0.05]})
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp_id = client.create_experiment("claims")
-    for row in ledger.trials(1):
-        run_id = client.create_run(exp_id).info.run_id
-        client.log_metric(run_id, "test_time/T2_kept/perplexity", row.metric)
-        client.log_metric(run_id, "test_time/T4_scaled/perplexity", 0.97 * row.metric)
-        ledger.update_trial(row.id, mlflow_run_id=run_id)
+    spec, ledger, client = _test_time_study(tmp_path)
     bundles.export_bundle(ledger, ["claims"], tmp_path / "bundle", client)
     test_time = Claim("j", "More steps at test time", "quote", "Sec. 0", "fig0",
                       (Comparison("cem@T4_scaled", "cem@T2_kept"),))

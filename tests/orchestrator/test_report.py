@@ -182,18 +182,26 @@ def test_effects_are_paired_by_seed_at_the_lr_chosen_on_validation(tmp_path):
     assert "- Incomplete: cem-attn@nano (shakespeare) seed 1: 2 of 3" in path.read_text()
 
 
-def test_a_test_time_arm_reads_the_trained_model_nearest_the_chosen_lr_from_mlflow(tmp_path):
+def _test_time_study(tmp_path):
+    """A CEM arm trained at T = 2 over ``LRS`` and 3 seeds, each trial's MLflow run (a SQLite
+    store in ``tmp_path``) holding its test perplexity at T_eval = 2 and, 3 % better at every
+    LR, at T_eval = 4: returns the spec, the ledger and the MLflow client."""
     spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
                        "variants": {"cem": {"attention": "cem", "attn_steps": 2}},
                        "learning_rates": LRS})
     ledger = _seed_ledger(tmp_path, spec, {"cem": [0.0, 0.1, -0.05]})
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp_id = client.create_experiment("claims")
-    for row in ledger.trials(1):  # at T_eval = 4, 3 % better than the trained T = 2, at every LR
+    for row in ledger.trials(1):
         run_id = client.create_run(exp_id).info.run_id
         client.log_metric(run_id, "test_time/T2_kept/perplexity", row.metric)
         client.log_metric(run_id, "test_time/T4_scaled/perplexity", 0.97 * row.metric)
         ledger.update_trial(row.id, mlflow_run_id=run_id)
+    return spec, ledger, client
+
+
+def test_a_test_time_arm_reads_the_trained_model_nearest_the_chosen_lr_from_mlflow(tmp_path):
+    spec, ledger, client = _test_time_study(tmp_path)
     claim = Claim("j", "More steps at test time", "quote", "Sec. 0", "fig0",
                   (Comparison("cem@T4_scaled", "cem@T2_kept"), Comparison("cem@T8_kept", "cem")))
     result = evaluate(claim, spec, ledger, lambda run_id: client.get_run(run_id).data.metrics)

@@ -11,13 +11,13 @@ evaluation or startup).
 
 from __future__ import annotations
 
-import time
 from statistics import median_high
 
 import torch
 
 from workloads.core.architecture import ModelConfig
 from workloads.core.config import BudgetConfig, OptimizerConfig
+from workloads.lm.step_bench import timed_calls
 from workloads.lm.workload import steps_for, token_budget
 from workloads.models import build_model, next_token_loss
 from workloads.models.decoder import with_math_attention
@@ -61,13 +61,7 @@ def step_seconds(step, seconds: float) -> float:
     warm-up calls."""
     step()
     step()
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 3:
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return median_high(times)
+    return median_high(timed_calls(step, seconds))
 
 
 def stack_rows(presets: list[str], configs: dict[str, dict[str, ModelConfig]], stacks: list[int],

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from statistics import median_high
 
 import torch
@@ -104,13 +105,19 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
     step()  # the first warm-up step: the compile, if any
     first = time.perf_counter() - start
     step()
+    times = timed_calls(step, seconds)
+    return first, times, kernel_table(step, device, profile_top) if profile_top else []
+
+
+def timed_calls(step: Callable[[], object], seconds: float) -> list[float]:
+    """The seconds of each call of ``step`` over about ``seconds`` (at least 3 calls)."""
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(times) < 3:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return first, times, kernel_table(step, device, profile_top) if profile_top else []
+    return times
 
 
 def kernel_table(step, device: torch.device, top: int, steps: int = 2) -> list[dict]:

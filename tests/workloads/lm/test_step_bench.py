@@ -100,3 +100,28 @@ def test_compiled_models_compute_what_eager_ones_do_and_the_bench_compiles_every
             "fp32", compiled=compiled)
         assert len(times) >= 3 and first_s > 0 and kernels == []
         assert (counters["stats"]["unique_graphs"] > graphs) == grows
+
+
+def test_the_stack_bench_prints_trials_per_hour_per_k_against_k_1(capsys):
+    """``--stack 1,2``: a row per K whose trials per hour follow from its step time and the
+    trial's steps at its budget, K = 1 the reference; a list without K = 1 is refused."""
+    import json
+    import math
+
+    from workloads.lm.workload import baseline_model, steps_for
+    from workloads.models import parameter_counts
+
+    step_bench.main(["--stack", "1,2", "--presets", "pico", "--variants", "llama",
+                     "--seconds", "0.2", "--batch", "4", "--budget-scale", "0.5"])
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [(r["preset"], r["variant"], r["K"]) for r in rows] == [("pico", "llama", 1),
+                                                                    ("pico", "llama", 2)]
+    cfg = ModelConfig.from_preset("pico")
+    tokens = round(20 * parameter_counts(baseline_model("pico", cfg.vocab_size))["total"] * 0.5)
+    steps = steps_for(tokens, 4, cfg.context_length)
+    for r in rows:
+        assert r["steps_per_trial"] == steps
+        assert math.isclose(r["trials_per_hour"], 3600 / (steps * r["step_ms"] / 1000 / r["K"]))
+        assert math.isclose(r["vs_alone"], r["trials_per_hour"] / rows[0]["trials_per_hour"])
+    with pytest.raises(SystemExit):
+        step_bench.main(["--stack", "2,4", "--presets", "pico"])
