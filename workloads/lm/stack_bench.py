@@ -17,12 +17,12 @@ import torch
 
 from workloads.core.architecture import ModelConfig
 from workloads.core.config import BudgetConfig, OptimizerConfig
-from workloads.lm.step_bench import timed_calls
 from workloads.lm.workload import steps_for, token_budget
 from workloads.models import build_model, next_token_loss
 from workloads.models.decoder import with_math_attention
 from workloads.runtime.optim import build_optimizer
 from workloads.runtime.stacked import Stack
+from workloads.runtime.timing import timed_calls
 
 
 def _loss(engine, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -29,7 +29,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from statistics import median_high
 
 import torch
@@ -47,7 +46,7 @@ from workloads.models import (
 from workloads.models.cem import CEMAttention
 from workloads.runtime.allocator import reuse_freed_memory
 from workloads.runtime.hardware import DTYPES, device_name, peak_flops, peak_memory_bytes
-from workloads.runtime.timing import format_kernels, kernel_rows, profiler
+from workloads.runtime.timing import format_kernels, kernel_rows, profiler, timed_calls
 
 VARIANTS: dict[str, dict] = {
     "llama": {},
@@ -107,17 +106,6 @@ def measure(cfg: ModelConfig, batch: int, seconds: float, device: torch.device,
     step()
     times = timed_calls(step, seconds)
     return first, times, kernel_table(step, device, profile_top) if profile_top else []
-
-
-def timed_calls(step: Callable[[], object], seconds: float) -> list[float]:
-    """The seconds of each call of ``step`` over about ``seconds`` (at least 3 calls)."""
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 3:
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def kernel_table(step, device: torch.device, top: int, steps: int = 2) -> list[dict]:

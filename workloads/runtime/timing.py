@@ -11,7 +11,7 @@ longest GPU kernels (torch operators on a CPU) of a run under ``torch.profiler``
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -140,3 +140,14 @@ def format_kernels(rows: list[dict]) -> str:
     return tabulate([{**k, "kernel": k["kernel"][:100], "share": f"{100 * k['share']:.1f} %"}
                      for k in rows], headers="keys", floatfmt=",.3f")
 
+
+
+def timed_calls(step: Callable[[], object], seconds: float) -> list[float]:
+    """The wall seconds of each call of ``step`` over about ``seconds`` (at least 3 calls)."""
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 3:
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
