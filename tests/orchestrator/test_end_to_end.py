@@ -24,6 +24,7 @@ from mlflow import MlflowClient
 
 from orchestrator.analysis import akima_optimum
 from orchestrator.ledger import Ledger, Status
+from orchestrator.model_registry import download_model, model_id_of
 from orchestrator.spec import parse_spec
 from orchestrator.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
 from tests.conftest import RAY_CLUSTER
@@ -203,13 +204,19 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
                          status.stdout), status.stdout
     print(next(line for line in status.stdout.splitlines() if "time split" in line))
 
-    # The best trial per (variant, size), on validation, is registered; `models eval`
+    # Every trial's model is a logged model of its run (the experiment's Models view); the
+    # best per (variant, size), on validation, is registered from it; `models eval`
     # reproduces its test perplexity.
+    models = {m.source_run_id: m for m in client.search_logged_models([exp.experiment_id])}
+    assert sorted(models) == sorted(r.info.run_id for r in trials)
+    assert {(m.name, str(m.status)) for m in models.values()} == {("model", "READY")}
     for variant in ("llama", "cem"):
         best = min((r for r in trials if r.data.tags["variant"] == variant),
                    key=lambda r: r.data.metrics["val_perplexity"])
         version = client.get_model_version_by_alias(f"cemlab-{variant}-nano", "best")
         assert version.run_id == best.info.run_id
+        assert model_id_of(version) == models[best.info.run_id].model_id
+        assert version.source == f"models:/{models[best.info.run_id].model_id}"
         assert version.tags["trial_id"] == best.data.tags["cemlab.trial_id"]
         assert int(version.tags["params_total"]) == int(best.data.metrics["params_total"])
     evaluated = orchestrator(env, "models", "eval", "cemlab-cem-nano@best")
@@ -244,13 +251,12 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
                                   "To be, or not", "--max-new-tokens", "24",
                                   "--seed", "1").stdout  # seeded
     print(f"models generate cemlab-cem-nano@best: {sample!r}")
-    card = Path(client.download_artifacts(version.run_id, "model/README.md", str(tmp_path)))
+    card = download_model(version, env["MLFLOW_TRACKING_URI"], tmp_path / "card") / "README.md"
     assert version.tags["trial_id"] in card.read_text()
 
     # A Llama baseline exports to Hugging Face with our logits.
     import transformers
 
-    from orchestrator.model_registry import download_model
     from workloads.lm.package import load_decoder
     from workloads.lm.workload import package_dir
 
@@ -302,8 +308,8 @@ def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(ser
     _, env = services
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
-    requirements = Path(client.download_artifacts(version.run_id, "model/requirements.txt",
-                                                  str(tmp_path)))
+    requirements = download_model(version, env["MLFLOW_TRACKING_URI"],
+                                  tmp_path / "model") / "requirements.txt"
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
     install = subprocess.run([python, "-m", "pip", "install", "--quiet", "-r", requirements],

@@ -1,16 +1,26 @@
-"""The model registry on a real MLflow store (SQLite): one version per run, ``best`` on
-validation and ``latest``, a card, incomplete versions deleted, packages downloaded again."""
+"""The model registry on a real MLflow store (SQLite, and an ``mlflow server``): trained models
+as MLflow 3 logged models of their runs, one version per run registered from its logged model,
+``best`` on validation and ``latest``, a card, incomplete versions deleted, packages downloaded
+and loaded again with the predictions they were saved with."""
 
+import json
 import re
+import zipfile
 
+import mlflow
+import pandas as pd
 import pytest
 import torch
 from mlflow import MlflowClient
+from mlflow.entities import LoggedModelStatus
+from mlflow.models import Model
 
 from orchestrator import model_registry, tracking
 from orchestrator.plan import plan
 from orchestrator.spec import parse_spec
-from tests.workloads.lm.test_serving import tokenizer_json, trained_like  # noqa: F401
+from tests.workloads.lm.test_serving import TEXT, tokenizer_json, trained_like  # noqa: F401
+from tests.workloads.runtime.test_metrics import MlflowServer
+from workloads.core import logged_model
 from workloads.core.registry import get_workload
 from workloads.lm.package import load_decoder
 from workloads.lm.serving import save_pyfunc
@@ -24,23 +34,25 @@ SPEC = {"name": "reg", "data": {"source": "shakespeare", "vocab_size": 320}, "si
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the SQLite store keeps artifacts under ./mlruns
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Not ./mlflow.db, MLflow's default store: what resolves through MLflow's global client
+    # instead of this one finds nothing there.
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
     return uri, MlflowClient(uri)
 
 
 LM = get_workload("language_model")
 
 
-def log_model(model, tokenizer_file, client, run_id, tmp_path):
-    """The model as a trial keeps it: a pyfunc package, artifact ``model`` of its run."""
-    path = tmp_path / f"model-{run_id}"
-    save_pyfunc(model, str(tokenizer_file), path)
-    client.log_artifacts(run_id, str(path), "model")
+def log_model(model, tokenizer_file, client, run_id, step=0):
+    """The model as a trial keeps it (``RaySession.keep_model``): a pyfunc package, the logged
+    model of its run."""
+    return logged_model.log_model(client, run_id,
+                                  lambda path: save_pyfunc(model, str(tokenizer_file), path), step)
 
 
 def trial_runs(uri, client, tokenizer_file, name="reg", with_model=True):
-    """One run per trial of a 3-LR grid, each holding a logged package (unless not
-    ``with_model``); returns the trials and their run ids."""
+    """One run per trial of a 3-LR grid, each with a logged model (unless not ``with_model``);
+    returns the trials and their run ids."""
     spec = parse_spec({**SPEC, "name": name})
     trials = plan(spec)
     exp_id = tracking.experiment_id(client, spec.name)
@@ -50,12 +62,49 @@ def trial_runs(uri, client, tokenizer_file, name="reg", with_model=True):
         runs[t.trial_id] = tracking.start_trial_run(client, exp_id, parent, t, "data", {})
         if with_model:
             log_model(trained_like(t.model, seed=i), tokenizer_file, client, runs[t.trial_id],
-                      tokenizer_file.parent)
+                      t.steps)
     return trials, runs
 
 
+def assert_same_predictions(model_uri: str, saved: str) -> None:
+    """The pyfunc at ``model_uri`` scores two texts and samples a continuation of one as the
+    pyfunc saved at ``saved`` does."""
+    a, b = mlflow.pyfunc.load_model(model_uri), mlflow.pyfunc.load_model(saved)
+    texts = pd.DataFrame({"text": [TEXT, "To be"]})
+    pd.testing.assert_frame_equal(a.predict(texts), b.predict(texts))
+    params = {"task": "generate", "max_new_tokens": 8, "seed": 3}
+    pd.testing.assert_frame_equal(a.predict(texts, params=params),
+                                  b.predict(texts, params=params))
+
+
+def assert_registered_from_its_logged_model(client, version, run_id, step, tmp_path):
+    """``version`` was registered from the one logged model of run ``run_id``: found in the
+    run's experiment (its Models view) with the run as source, an output of the run at
+    ``step``, its MLmodel naming it, listing the version, no file of it a pickle; returns the
+    logged model and the version's files, downloaded under ``tmp_path``."""
+    experiment = client.get_run(run_id).info.experiment_id
+    (model,) = client.search_logged_models([experiment],
+                                           filter_string=f"source_run_id = '{run_id}'")
+    assert model.name == "model" and model.status == LoggedModelStatus.READY
+    assert model.params["trial_id"] == version.tags["trial_id"]  # the run's params
+    assert version.source == f"models:/{model.model_id}" and version.run_id == run_id
+    assert model_registry.model_id_of(version) == model.model_id
+    assert json.loads(model.tags["mlflow.modelVersions"]) == [
+        {"name": version.name, "version": int(version.version)}]
+    outputs = client.get_run(run_id).outputs.model_outputs
+    assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, step)]
+    files = model_registry.download_model(version, client.tracking_uri,
+                                          tmp_path / f"v{version.version}")
+    mlmodel = Model.load(str(files))
+    assert (mlmodel.model_id, mlmodel.run_id) == (model.model_id, run_id)
+    for path in files.rglob("*"):  # no pickle, no torch zip (which pickles)
+        if path.is_file():
+            assert path.read_bytes()[:1] != b"\x80" and not zipfile.is_zipfile(path), path
+    return model, files
+
+
 def test_registering_keeps_one_version_per_run_best_on_validation_and_latest(
-        store, tokenizer_json, tmp_path):  # noqa: F811
+        store, tokenizer_json, tmp_path, monkeypatch):  # noqa: F811
     uri, client = store
     trials, runs = trial_runs(uri, client, tokenizer_json)
     # Validation picks the second trial; the first has the best test perplexity (ignored).
@@ -68,8 +117,11 @@ def test_registering_keeps_one_version_per_run_best_on_validation_and_latest(
     assert v1.run_id == runs[trials[1].trial_id] and v1.aliases == ["best"]
     assert str(model_registry.resolve(client, "cemlab-llama-nano@latest").version) == "1"
     assert v1.tags["val_perplexity"] == "20.0" and v1.tags["trial_id"] == trials[1].trial_id
-    card = client.download_artifacts(v1.run_id, "model/README.md", str(tmp_path))
-    text = open(card).read()
+    model, files = assert_registered_from_its_logged_model(client, v1, v1.run_id,
+                                                           trials[1].steps, tmp_path)
+    assert model.model_id in line
+    assert client.list_artifacts(v1.run_id) == []  # the model is the logged model's, not the run's
+    text = (files / "README.md").read_text()
     for needle in (trials[1].trial_id, "| learning rate | 0.004", "| seed | 0 |",
                    "| validation perplexity | 20.0000", "| test perplexity | 21.0000",
                    f"{trials[1].params['total']:,} total", "FLOPs", "git commit", "shakespeare"):
@@ -91,25 +143,95 @@ def test_registering_keeps_one_version_per_run_best_on_validation_and_latest(
         "1", 2, "nano", 20.0, 21.0)
     assert row["tokens"] == trials[1].tokens and row["registered (UTC)"].startswith("20")
 
-    # The registered package is the model that run logged, bit for bit.
+    # The registered package is the model that run logged, bit for bit, and the pyfunc predicts
+    # what the same model saved as a local pyfunc does.
     package = package_dir(model_registry.download_model(v1, uri, tmp_path / "dl"))
     expected = trained_like(trials[1].model, seed=1)
     loaded = load_decoder(package)
     assert all(torch.equal(a, b) for a, b in zip(expected.state_dict().values(),
                                                  loaded.state_dict().values(), strict=True))
+    save_pyfunc(expected, str(tokenizer_json), tmp_path / "local")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what models:/ URIs resolve through
+    assert_same_predictions("models:/cemlab-llama-nano@best", str(tmp_path / "local"))
 
 
-def test_a_version_without_its_package_is_deleted_not_left_half_made(store, tokenizer_json):  # noqa: F811
+def test_a_run_without_a_whole_model_is_not_registered(store, tokenizer_json):  # noqa: F811
     uri, client = store
     trials, runs = trial_runs(uri, client, tokenizer_json, with_model=False)
     results = {t.trial_id: (runs[t.trial_id], 10.0 + i, 10.0) for i, t in enumerate(trials)}
     (line,) = model_registry.register_best(client, "reg", LM, trials, results)
-    assert re.fullmatch(r"not registered: cemlab-llama-nano version 1 of run \w+ was "
-                        r"incomplete \(missing MLmodel, artifacts/package/model.safetensors, "
-                        r".*\) and is deleted", line), line
+    assert re.fullmatch(r"not registered: run \w+ kept no model \(missing MLmodel, "
+                        r"artifacts/package/model.safetensors, .*\)", line), line
     assert client.search_model_versions("name = 'cemlab-llama-nano'") == []
     with pytest.raises(LookupError, match="no such registered model version"):
         model_registry.resolve(client, "cemlab-llama-nano@best")
+
+
+def test_a_version_whose_logged_model_lacks_a_file_is_deleted_not_left_half_made(
+        store, tokenizer_json):  # noqa: F811
+    uri, client = store
+    trials, runs = trial_runs(uri, client, tokenizer_json, with_model=False)
+    model = trained_like(trials[0].model)
+
+    def without_weights(path):
+        save_pyfunc(model, str(tokenizer_json), path)
+        (package_dir(path) / "model.safetensors").unlink()
+
+    for t in trials:
+        logged_model.log_model(client, runs[t.trial_id], without_weights)
+    results = {t.trial_id: (runs[t.trial_id], 10.0 + i, 10.0) for i, t in enumerate(trials)}
+    (line,) = model_registry.register_best(client, "reg", LM, trials, results)
+    assert re.fullmatch(r"not registered: cemlab-llama-nano version 1 of run \w+ was "
+                        r"incomplete \(missing artifacts/package/model.safetensors\) and is "
+                        r"deleted", line), line
+    assert client.search_model_versions("name = 'cemlab-llama-nano'") == []
+
+
+def test_a_model_kept_among_its_runs_artifacts_is_registered_as_a_logged_model(
+        store, tokenizer_json, tmp_path):  # noqa: F811
+    """A run whose model is its artifact ``model`` (kept before logged models): registering it
+    copies that model into a logged model of the run, and registers that."""
+    uri, client = store
+    trials, runs = trial_runs(uri, client, tokenizer_json, with_model=False)
+    model = trained_like(trials[2].model, seed=2)
+    save_pyfunc(model, str(tokenizer_json), tmp_path / "kept")
+    client.log_artifacts(runs[trials[2].trial_id], str(tmp_path / "kept"), "model")
+    results = {trials[2].trial_id: (runs[trials[2].trial_id], 12.0, 12.0)}
+    (line,) = model_registry.register_best(client, "reg", LM, trials, results)
+    assert line.startswith("registered cemlab-llama-nano version 1"), line
+    version = model_registry.resolve(client, "cemlab-llama-nano@best")
+    _, files = assert_registered_from_its_logged_model(client, version, runs[trials[2].trial_id],
+                                                       trials[2].steps, tmp_path)
+    loaded = load_decoder(package_dir(files))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 loaded.state_dict().values(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.slow  # a real MLflow server
+def test_through_a_tracking_server_the_worker_needs_its_uri_alone(
+        server, tokenizer_json, tmp_path):  # noqa: F811
+    """What a Ray Train worker does (``logged_model.log_model`` with a client of the tracking
+    URI, the files proxied by the server) and registration through the same server."""
+    client = MlflowClient(server.uri)
+    trials, runs = trial_runs(server.uri, client, tokenizer_json)
+    results = {t.trial_id: (runs[t.trial_id], 30.0 - i, 30.0) for i, t in enumerate(trials)}
+    (line,) = model_registry.register_best(client, "reg", LM, trials, results)
+    assert line.startswith("registered cemlab-llama-nano version 1"), line
+    version = model_registry.resolve(client, "cemlab-llama-nano@best")
+    model, files = assert_registered_from_its_logged_model(
+        client, version, runs[trials[2].trial_id], trials[2].steps, tmp_path)
+    assert model.artifact_location.startswith("mlflow-artifacts:/")  # proxied by the server
+    assert model.model_id in {p.name for p in (server.home / "artifacts").rglob("m-*")}
+    save_pyfunc(trained_like(trials[2].model, seed=2), str(tokenizer_json), tmp_path / "local")
+    assert_same_predictions(str(files), str(tmp_path / "local"))
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

@@ -13,6 +13,7 @@ from mlflow import MlflowClient
 from orchestrator.ledger import Ledger, Status
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
+from workloads.core.logged_model import model_of_run
 from workloads.core.storage import StorageRoot
 
 pytestmark = [pytest.mark.slow, RAY_CLUSTER]
@@ -59,10 +60,12 @@ def test_a_grid_keeps_corpus_checkpoints_tune_state_and_models_in_the_bucket(
         assert any(f.startswith(final + "/") and f.endswith("model_states.pt") for f in files)
         assert any(f.startswith("ray_results/tune/s3-grid-") for f in files)
         assert not (home / "ray_results").exists()  # nothing went to the node's home
-        # The model went through the tracking server (no S3 client on the worker) to the bucket.
-        run = MlflowClient(env["MLFLOW_TRACKING_URI"]).get_run(row.mlflow_run_id)
-        assert run.info.artifact_uri.startswith("mlflow-artifacts:/")
-        assert any(f.startswith("mlartifacts/") and f.endswith("model/MLmodel")
+        # The model, the run's logged model, went through the tracking server (no S3 client on
+        # the worker) to the bucket.
+        model = model_of_run(MlflowClient(env["MLFLOW_TRACKING_URI"]), row.mlflow_run_id)
+        assert model.artifact_location.startswith("mlflow-artifacts:/")
+        assert any(f.startswith("mlartifacts/")
+                   and f.endswith(f"models/{model.model_id}/artifacts/MLmodel")
                    for f in _keys(storage))
         assert not (home / "mlartifacts").exists()
 

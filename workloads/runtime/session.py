@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workloads.core import pack
+from workloads.core import logged_model, pack
 from workloads.core.precision import resolve_precision
 from workloads.core.reach import check_tracking
 from workloads.core.trial import Job
@@ -143,8 +143,9 @@ class Session(ABC):
 
     @abstractmethod
     def keep_model(self, write: Callable[[str], None]) -> None:
-        """Keep the trained model: ``write(path)`` saves it as a new directory ``path``, which
-        becomes artifact ``model`` of the trial's MLflow run (rank 0 only calls it)."""
+        """Keep the trained model: ``write(path)`` saves it as an MLflow model in a new
+        directory ``path``, which becomes the logged model of the trial's MLflow run
+        (``workloads.core.logged_model``; rank 0 only calls it)."""
 
 
 FINAL_FLUSH_S = 300.0  # how long a finished trial waits for an unreachable tracking server
@@ -311,17 +312,20 @@ class RaySession(Session):
         backoff (64 s between the last tries) kept a finished trial a minute past the
         server's return.
 
+        The model becomes a logged model of run ``job.run_id``, its output at the trial's last
+        step (``logged_model.log_model``): through the tracking server, with no other service.
+
         Raises:
             RuntimeError: the tracking server stayed unreachable (``close``).
+            mlflow.exceptions.MlflowException: the server refused the model or went away while
+                it was uploaded (the logged model is ``FAILED`` where it was created).
         """
         if self.job.run_id:
             self.close()
             from mlflow import MlflowClient
 
-            with tempfile.TemporaryDirectory() as d:
-                path = os.path.join(d, "model")
-                write(path)
-                MlflowClient(self.job.tracking_uri).log_artifacts(self.job.run_id, path, "model")
+            logged_model.log_model(MlflowClient(self.job.tracking_uri), self.job.run_id, write,
+                                   step=self.job.trial.steps)
 
 
 class LocalSession(Session):
