@@ -4,7 +4,9 @@
 Eight read-only pages over MLflow and the ledger: the overview of every experiment with live
 progress, comparisons across experiments with power-law fits, the paper's figures, the
 learning-rate sweeps (optima chosen on validation), training curves, energy diagnostics,
-test-time recursion and the model registry. It never writes to MLflow or the ledger.
+test-time recursion and the model registry. Trials imported from a result bundle (``cemlab
+import``) have no MLflow run here: what their runs held is read from the bundle
+(``reads.bundle_dirs``). It never writes to MLflow, the ledger or a bundle.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ try:
     uri = reads.tracking_uri()
     reads.check_reachable(uri)
     st.session_state["tracking_uri"], st.session_state["ledger_url"] = uri, reads.ledger_url()
+    st.session_state["bundles"] = reads.bundle_dirs()
 except reads.Unreachable as e:
     st.error(f"Cannot read the runs: {e}")
     st.stop()
 st.sidebar.radio("Figure downloads (camera button)", ["png", "svg"], key="image_format",
                  horizontal=True, format_func=str.upper)
 st.sidebar.caption(f"MLflow: `{uri}`")
+if st.session_state["bundles"]:
+    st.sidebar.caption("Result bundles: " + ", ".join(f"`{b}`" for b in st.session_state[
+        "bundles"]))
 page.run()

@@ -4,17 +4,23 @@ MLflow only follows); MLflow, through its search API with server-side filters, g
 ledger lacks: one run per (dataset, variant, size) for what its trials share (parameters,
 FLOPs, tokens), a sample of finished runs for the FLOP/s rate, metric histories, diagnostics
 and the registry. Never a download of every run: 1,000 of them take seconds to read.
-Functions take the tracking URI and ledger URL as strings so that their results cache by
-value; they never write."""
+A trial imported from a result bundle (``cemlab import``) has no MLflow run here: what its run
+held (parameters, FLOPs, tokens, test-time evaluations) is read from the bundle itself
+(``bundle_trials``, in the directories of ``bundle_dirs``), never copied anywhere.
+Functions take the tracking URI, ledger URL and bundle directories as strings so that their
+results cache by value; they never write."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import urllib.error
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -28,7 +34,12 @@ _SHARED = ["attention", "mlp", "exact_gradient", "params_total", "params_non_emb
            "steps"]
 RUN_COLUMNS = ["experiment", "run_id", "run_name", "status", "dataset", "variant", "size", "lr",
                "seed", "trial", "test_perplexity", "val_perplexity", "test_rmse", "val_rmse",
-               *_SHARED, "position", "train_flops"]
+               *_SHARED, "position", "train_flops", "source"]
+# where a trial's run data comes from (column ``source``): its MLflow run here, the result
+# bundle it was imported from, or neither (the ledger's row alone: coordinates and metrics)
+SOURCES = ("mlflow", "bundle", "ledger")
+BUNDLES_ENV = "CEMLAB_BUNDLES"
+COMMITTED_BUNDLES = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
 
 
 class Unreachable(RuntimeError):
@@ -53,6 +64,17 @@ def ledger_url() -> str:
     from orchestrator.settings import Settings
 
     return Settings().ledger_url
+
+
+def bundle_dirs() -> tuple[str, ...]:
+    """Where the result bundles of imported trials are read from: the paths of
+    ``$CEMLAB_BUNDLES`` (separated by ``os.pathsep``; set but empty: none), else the
+    repository's committed results (``docs/results/data``) where that directory exists. Each
+    path is a bundle or a directory of bundles (``orchestrator.bundles.find_bundles``)."""
+    value = os.environ.get(BUNDLES_ENV)
+    if value is not None:
+        return tuple(p for p in value.split(os.pathsep) if p)
+    return (str(COMMITTED_BUNDLES),) if COMMITTED_BUNDLES.is_dir() else ()
 
 
 def check_reachable(uri: str, timeout_s: float = 3.0) -> None:
@@ -90,7 +112,15 @@ def _quoted(value: str) -> str:
 
 def _shared(run) -> dict:
     """What a trial run shares with every trial of its (dataset, variant, size)."""
-    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    return shared_of(run.data.tags, run.data.params, run.data.metrics)
+
+
+def shared_of(tags: dict[str, str], params: dict[str, str], metrics: dict[str, float]) -> dict:
+    """What a trial shares with every trial of its (dataset, variant, size), from its run's
+    ``tags`` (``attention``, ``mlp``, ``cemlab.exact_gradient``), ``params`` (strings, as
+    MLflow holds them) and ``metrics`` (the last value of each): the keys of ``_SHARED`` and
+    ``position``; parameter counts and ``flops_per_token`` as logged (counts; FLOPs per token),
+    ``tokens`` and ``steps`` as floats, None where the run lacks one."""
     return {"attention": tags.get("attention"), "mlp": tags.get("mlp"),
             "position": params.get("model.position"),
             "exact_gradient": tags.get("cemlab.exact_gradient"),
@@ -126,12 +156,15 @@ def group_info(client: MlflowClient, experiment_id: str, trials: list[dict]) -> 
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def experiment_trials(ledger: str, uri: str, experiment: str) -> pd.DataFrame:
+def experiment_trials(ledger: str, uri: str, experiment: str,
+                      bundles: tuple[str, ...] = ()) -> pd.DataFrame:
     """One row per trial of ``experiment``, ``RUN_COLUMNS``: the ledger's coordinates, status
     and metrics (test and validation, under the workload's names), and what its (dataset,
-    variant, size) shares (``group_info``), with
-    ``train_flops`` (analytic ``flops_per_token`` x tokens). ``run_id`` is the trial's MLflow
-    run (None before it has one)."""
+    variant, size) shares (``group_info``; for a group MLflow has no run of, a trial of it
+    that the result bundles in ``bundles`` hold, ``bundle_trials``), with ``train_flops``
+    (analytic ``flops_per_token`` x tokens). ``run_id`` is the trial's MLflow run (None before
+    it has one, and for a trial imported from a bundle); ``source`` (one of ``SOURCES``) says
+    where its run's data is read from. Bundles are read only when a trial has no run."""
     workload = next((e["workload"] for e in ledger_experiments(ledger)
                      if e["name"] == experiment), None)
     test = "test_rmse" if workload == "gp_regression" else "test_perplexity"
@@ -140,16 +173,26 @@ def experiment_trials(ledger: str, uri: str, experiment: str) -> pd.DataFrame:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     info = group_info(client, exp.experiment_id, trials) if exp else {}
+    runless = [r for r in trials if not r["mlflow_run_id"]]
+    held = bundle_trials(bundles).trials if bundles and runless else {}
+    imported = {r["trial"]: held[r["trial"]]["shared"] for r in runless
+                if r["trial"] in held and held[r["trial"]]["shared"]}
+    for r in runless:
+        if r["trial"] in imported:
+            info.setdefault((r["dataset"], r["variant"], r["size"]), imported[r["trial"]])
     rows = []
     for r in trials:
         shared = info.get((r["dataset"], r["variant"], r["size"]), {})
         flops, tokens = shared.get("flops_per_token"), shared.get("tokens")
+        source = "mlflow" if r["mlflow_run_id"] else (
+            "bundle" if r["trial"] in imported else "ledger")
         rows.append({"experiment": experiment, "run_id": r["mlflow_run_id"],
                      "run_name": f"{r['variant']}@{r['size']} lr={r['lr']:g} seed={r['seed']}",
                      **{k: r[k] for k in ("status", "dataset", "variant", "size", "lr", "seed",
                                           "trial")},
                      test: r["metric"], val: r["val_metric"], **shared,
-                     "train_flops": flops * tokens if flops and tokens else None})
+                     "train_flops": flops * tokens if flops and tokens else None,
+                     "source": source})
     frame = pd.DataFrame(rows, columns=RUN_COLUMNS)
     numeric = ["lr", *_SHARED[3:], "train_flops", test, val]
     frame[numeric] = frame[numeric].apply(pd.to_numeric)
@@ -157,11 +200,81 @@ def experiment_trials(ledger: str, uri: str, experiment: str) -> pd.DataFrame:
     return frame
 
 
-def trial_runs(ledger: str, uri: str, experiments: tuple[str, ...]) -> pd.DataFrame:
-    """``experiment_trials`` of every experiment of ``experiments``, one frame."""
-    frames = [experiment_trials(ledger, uri, name) for name in experiments]
+def trial_runs(ledger: str, uri: str, experiments: tuple[str, ...],
+               bundles: tuple[str, ...] = ()) -> pd.DataFrame:
+    """``experiment_trials`` of every experiment of ``experiments`` (imported trials read from
+    the result bundles in ``bundles``), one frame."""
+    frames = [experiment_trials(ledger, uri, name, bundles) for name in experiments]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=RUN_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What result bundles hold of their trials' MLflow runs (``bundle_trials``).
+
+    ``trials``: trial id -> ``{"bundle": its directory, "shared": shared_of its run (None
+    where the bundle was exported without MLflow), "test_time": [(t_eval, rule, perplexity)],
+    "t_train": int}`` (``recursion_rows``, ``trained_steps``); a trial id in several bundles is
+    the same science, and the first bundle read gives it. ``bundles``: the bundle directories
+    read, in order; ``unread``: one line for each path that gave no bundle, and why."""
+
+    trials: dict[str, dict]
+    bundles: tuple[str, ...]
+    unread: tuple[str, ...]
+
+
+def recursion_rows(metrics: dict[str, float]) -> list[tuple[int, str, float]]:
+    """``(t_eval, rule, perplexity)`` of every test-time recursion metric among a run's
+    ``metrics`` (``test_time/T<t_eval>_<rule>/perplexity``, ``rule`` ``kept`` or ``scaled``),
+    in the order of ``metrics``."""
+    return [(int(found[1]), found[2], float(value)) for key, value in metrics.items()
+            if (found := TEST_TIME.match(key))]
+
+
+def trained_steps(kinds: dict[str, str | None], params: dict[str, str]) -> int:
+    """The recursion steps a trial's CEM sublayers trained at: ``model.attn_steps`` and
+    ``model.mlp_steps`` of ``params`` for the sublayers whose kind in ``kinds`` (``attention``,
+    ``mlp``) is ``cem``; 0 where they differ, or where it has no CEM sublayer."""
+    trained = {int(params.get(f"model.{sub}_steps", 0))
+               for sub, kind in (("attn", "attention"), ("mlp", "mlp"))
+               if kinds.get(kind) == "cem"}
+    return trained.pop() if len(trained) == 1 else 0
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def bundle_trials(directories: tuple[str, ...]) -> Held:
+    """The trials of every result bundle found in ``directories`` (each a bundle or a
+    directory of bundles, ``orchestrator.bundles.find_bundles``), each bundle verified
+    (``read_bundle``: checksums, row counts) before any row of it is used; a path that gives
+    no verified bundle is skipped and named in ``Held.unread``."""
+    from orchestrator import bundles
+
+    trials: dict[str, dict] = {}
+    read, unread = [], []
+    for path in directories:
+        found = bundles.find_bundles(Path(path))
+        if not found:
+            unread.append(f"{path}: no bundle ({bundles.MANIFEST} not found there or one "
+                          "directory below)")
+        for directory in found:
+            try:
+                bundle = bundles.read_bundle(directory)
+            except bundles.BundleError as e:
+                unread.append(str(e))
+                continue
+            read.append(str(directory))
+            for t in bundle.trials:
+                params = json.loads(t["params"]) if t["params"] else None
+                metrics = json.loads(t["metrics"]) if t["metrics"] else {}
+                kinds = {"attention": params.get("model.attention"),
+                         "mlp": params.get("model.mlp")} if params else {}
+                trials.setdefault(t["trial_hash"], {
+                    "bundle": str(directory),
+                    "shared": shared_of(kinds, params, metrics) if params else None,
+                    "test_time": recursion_rows(metrics),
+                    "t_train": trained_steps(kinds, params or {})})
+    return Held(trials, tuple(read), tuple(unread))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -251,6 +364,7 @@ def diagnostics(uri: str, run_id: str) -> pd.DataFrame:
 
 
 TEST_TIME = re.compile(r"^test_time/T(\d+)_(kept|scaled)/perplexity$")
+TEST_TIME_COLUMNS = ["t_eval", "rule", "perplexity", "t_train"]
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -264,18 +378,37 @@ def recursion_perplexities(uri: str, run_ids: tuple[str, ...]) -> pd.DataFrame:
     rows = []
     for run_id in run_ids:
         run = client.get_run(run_id)
-        params, tags = run.data.params, run.data.tags
-        trained = {int(params.get(f"model.{sub}_steps", 0))
-                   for sub, kind in (("attn", "attention"), ("mlp", "mlp"))
-                   if tags.get(kind) == "cem"}
-        t_train = trained.pop() if len(trained) == 1 else 0  # 0: its CEM sublayers differ
-        for key, value in run.data.metrics.items():
-            found = TEST_TIME.match(key)
-            if found:
-                rows.append({"run_id": run_id, "t_eval": int(found[1]), "rule": found[2],
-                             "perplexity": value, "t_train": t_train})
-    return pd.DataFrame(rows, columns=["run_id", "t_eval", "rule", "perplexity", "t_train"]
-                        ).sort_values(["run_id", "rule", "t_eval"], ignore_index=True)
+        t_train = trained_steps(run.data.tags, run.data.params)
+        rows += [{"run_id": run_id, "t_eval": t_eval, "rule": rule, "perplexity": value,
+                  "t_train": t_train}
+                 for t_eval, rule, value in recursion_rows(run.data.metrics)]
+    return pd.DataFrame(rows, columns=["run_id", *TEST_TIME_COLUMNS]).sort_values(
+        ["run_id", "rule", "t_eval"], ignore_index=True)
+
+
+def trial_recursion_perplexities(uri: str, bundles: tuple[str, ...],
+                           trials: tuple[tuple[str, str | None], ...]) -> pd.DataFrame:
+    """The test-time recursion perplexities of ``trials`` (``(trial id, MLflow run id or
+    None)``): from its MLflow run where it has one (``recursion_perplexities``), else from the
+    result bundle in ``bundles`` that holds it (``bundle_trials``). Columns ``trial``, then
+    those of ``recursion_perplexities`` but ``run_id``, sorted by trial, rule and T_eval;
+    empty where none was evaluated so."""
+    by_run = {run_id: trial for trial, run_id in trials if run_id}
+    logged = recursion_perplexities(uri, tuple(by_run)) if by_run else pd.DataFrame(
+        columns=["run_id", *TEST_TIME_COLUMNS])
+    frames = [logged.assign(trial=logged["run_id"].map(by_run)).drop(columns="run_id")]
+    imported = [trial for trial, run_id in trials if not run_id]
+    held = bundle_trials(bundles).trials if imported and bundles else {}
+    rows = [{"trial": trial, "t_eval": t_eval, "rule": rule, "perplexity": value,
+             "t_train": held[trial]["t_train"]}
+            for trial in imported if trial in held
+            for t_eval, rule, value in held[trial]["test_time"]]
+    frames = [f for f in (*frames, pd.DataFrame(rows, columns=["trial", *TEST_TIME_COLUMNS]))
+              if not f.empty]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["trial", *TEST_TIME_COLUMNS])
+    return frame[["trial", *TEST_TIME_COLUMNS]].sort_values(
+        ["trial", "rule", "t_eval"], ignore_index=True)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

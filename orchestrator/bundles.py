@@ -419,6 +419,18 @@ def read_bundle(directory: Path) -> Bundle:
     return Bundle(manifest, experiments, trials)
 
 
+def find_bundles(path: Path) -> list[Path]:
+    """The bundle directories at ``path``: ``path`` itself where it holds a ``MANIFEST``, else
+    its immediate sub-directories that do, in name order; none where ``path`` is absent or
+    not a directory. Nothing is verified here (``read_bundle`` does)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.iterdir() if (p / MANIFEST).is_file())
+
+
 def code_drift(bundle: Bundle, code: str | None = None) -> str | None:
     """Why ``bundle``'s trials are not this code's (``code``, default ``code_fingerprint()``),
     in one line, or None when every trial was computed by it: a trial id includes the code

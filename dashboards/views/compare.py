@@ -23,7 +23,8 @@ if not names:
     st.stop()
 
 chosen_names = st.sidebar.multiselect("Experiments", names, default=names, key="cmp_exps")
-runs = reads.trial_runs(ledger, uri, tuple(chosen_names))
+runs = reads.trial_runs(ledger, uri, tuple(chosen_names), ui.bundles())
+ui.provenance(runs)
 variants = sorted(runs["variant"].dropna().unique())
 sizes = sorted(runs["size"].dropna().unique())
 pick_v = st.sidebar.multiselect("Variants", variants, default=variants, key="cmp_variants")
@@ -36,6 +37,10 @@ runs = runs[runs["variant"].isin(pick_v) & runs["size"].isin(pick_s)]
 points = frames.chosen(runs, "test_perplexity")
 if points.empty:
     st.info("No finished trial among the selection yet: points appear as trials finish.")
+    st.stop()
+points = points[points[axis].notna()]  # sizes unknown here: ``ui.provenance`` names them
+if points.empty:
+    st.info(f"No finished trial among the selection has its {plots.AXES[axis]} known here.")
     st.stop()
 summary = frames.summary(points)
 

@@ -33,6 +33,11 @@ if len(chosen) > MAX_RUNS:
 if chosen.empty:
     st.info("No run matches the selection.")
     st.stop()
+if chosen["run_id"].isna().all() and (chosen["source"] == "bundle").any():
+    st.info("The selected trials have no MLflow run here (imported from a result bundle, which "
+            "holds their evaluations, not their training curves): the Learning-rate sweeps, "
+            "Compare and Paper figures pages show them.")
+    st.stop()
 history = reads.metric_histories(uri, tuple(chosen["run_id"].dropna()),
                                  ("loss", "val_perplexity"))
 if history.empty:

@@ -14,6 +14,13 @@ cem = runs[(runs["attention"] == "cem") | (runs["mlp"] == "cem")]
 if cem.empty:
     st.info(f"`{experiment}` has no CEM run: only CEM sublayers have an energy.")
     st.stop()
+if cem["run_id"].isna().all():
+    st.info(f"The CEM trials of `{experiment}` have no MLflow run here (imported from a result "
+            "bundle, which holds no energy diagnostics): their energies are in the tracking "
+            "store that trained them." if (cem["source"] == "bundle").any() else
+            f"No CEM trial of `{experiment}` has started yet.")
+    st.stop()
+cem = cem[cem["run_id"].notna()]
 labels = dict(zip(cem["run_id"], cem["run_name"]))
 run_id = st.sidebar.selectbox("Run", list(labels), format_func=labels.get, key="energy_run")
 diag = reads.diagnostics(uri, run_id)

@@ -20,7 +20,7 @@ def table() -> tuple[pd.DataFrame, dict[str, list[dict]]]:
     trials = {e["name"]: reads.ledger_trials(ledger, e["name"]) for e in experiments}
     active = tuple(name for name, rows in trials.items()  # only these need MLflow's numbers
                    if any(r["status"] in ("PENDING", "RUNNING") for r in rows))
-    runs = reads.trial_runs(ledger, uri, active)
+    runs = reads.trial_runs(ledger, uri, active, ui.bundles())
     rates = {name: reads.train_rate(uri, name) for name in active}
     return frames.progress(experiments, trials, runs, rates), trials
 
@@ -64,7 +64,8 @@ def live() -> None:
                                for name in progress["experiment"]})
     st.subheader("Where the time went")
     if split.empty:
-        st.caption("No trial has finished yet.")
+        st.caption("No trial trained in this tracking store has finished yet (an imported trial's "
+                   "time was spent where it trained).")
         return
     st.dataframe(split, hide_index=True, column_config={
         "in train steps": st.column_config.ProgressColumn(

@@ -1,6 +1,7 @@
-"""Paper figures: one tab per figure of the paper, drawn from the runs of its spec
-(``experiments/paper/<fig>.yaml`` or its ``-cpu`` twin) in the paper's layout, with every
-number the paper states shown beside ours; an empty tab names the spec to submit."""
+"""Paper figures: one tab per figure of the paper, drawn from the trials of its spec
+(``experiments/paper/<fig>.yaml`` or its ``-cpu`` twin; trained here, or imported from a result
+bundle) in the paper's layout, with every number the paper states shown beside ours; an empty
+tab names the spec to submit."""
 
 from __future__ import annotations
 
@@ -43,13 +44,17 @@ def draw(stem: str, title: str, layout: str) -> None:
         return
     experiment = st.radio("Scale", have, horizontal=True, key=f"scale-{stem}") \
         if len(have) > 1 else have[0]
-    runs = reads.trial_runs(ledger, uri, (experiment,))
+    runs = reads.trial_runs(ledger, uri, (experiment,), ui.bundles())
+    ui.provenance(runs)
     metric = frames.metric_of(runs)
     points = frames.chosen(runs, metric)
     summary = frames.summary(points)
-    st.caption(f"`{experiment}`: {frames.finished(runs, metric)['run_id'].nunique()} finished "
-               f"of {len(runs)} trials; each bar or point is the mean ± std over seeds at the "
-               "learning rate chosen on validation.")
+    done = frames.finished(runs, metric)
+    imported = int((done["source"] == "bundle").sum())
+    st.caption(f"`{experiment}`: {len(done)} finished of {len(runs)} trials"
+               + (f" ({imported} from a result bundle)" if imported else "")
+               + "; each bar or point is the mean ± std over seeds at the learning rate chosen "
+               "on validation.")
     if summary.empty:
         st.info(f"No finished trial of `{experiment}` yet.")
     elif layout == "params":
@@ -59,7 +64,6 @@ def draw(stem: str, title: str, layout: str) -> None:
             summary["variant"]) else None, title), summary, stem)
     elif layout == "sweep":
         ui.show(plots.scaling(summary, "params_total", {}, metric), summary, f"{stem}-optima")
-        done = frames.finished(runs, metric)
         ui.show(plots.lr_sweep(done, points, metric), points, f"{stem}-sweep")
     elif layout == "recursion":
         pairs = frames.recursion_pairs(summary)

@@ -237,3 +237,65 @@ def test_the_synthetic_law_is_what_the_seed_wrote(seeded_store):
             page_bench.true_perplexity(trial), rel=5 * page_bench.NOISE)
     n = np.array([t.params["non_embedding"] for t in trials.values()], dtype=float)
     assert len(np.unique(n)) == 8 and math.isfinite(n.sum())  # 4 sizes x 2 families
+
+
+def test_an_imported_study_without_its_bundle_says_what_is_missing_and_where_to_look(
+        imported_study, monkeypatch):
+    """The served store holds the study as imported trials only; with no bundle to read, each
+    page names the trials it cannot describe and the variable that points at their bundle."""
+    monkeypatch.setenv("CEMLAB_BUNDLES", "")
+    for script in ("paper.py", "compare.py", "sweeps.py", "recursion.py"):
+        at = page(monkeypatch, imported_study.served, script)
+        (warning,) = [w.value for w in at.warning if "no MLflow run" in w.value]
+        assert warning.startswith("12 finished trial(s) of `fig2a-cpu` have no MLflow run in "
+                                  "this tracking store and no result bundle read here holds "
+                                  "their run's data (bundles read: none)"), script
+        assert "`CEMLAB_BUNDLES`" in warning
+
+
+def _bundle_metrics(study) -> dict[str, dict[str, float]]:
+    """The bundle's final metrics of each trial, by its dashboard label, read with pandas."""
+    import json
+
+    import pandas as pd
+
+    frame = pd.read_parquet(study.bundle / "trials.parquet")
+    return {f"{r.variant}@{r.size} lr={r.lr:g} seed={r.seed}": json.loads(r.metrics)
+            for r in frame.itertuples()}
+
+
+def test_an_imported_study_shows_its_bundles_evaluations_and_says_what_a_bundle_lacks(
+        imported_study, monkeypatch):
+    """Test-time recursion tabulates the bundle's values; the pages that need what a bundle
+    does not hold (training curves, energy diagnostics) say so instead of showing nothing."""
+    monkeypatch.setenv("CEMLAB_BUNDLES", str(imported_study.bundle))
+    at = page(monkeypatch, imported_study.served, "recursion.py")
+    assert not at.warning
+    table = at.dataframe[0].value
+    bundle = _bundle_metrics(imported_study)
+    assert len(table) == 3  # each size's best CEM trial on validation
+    for label, row in table.iterrows():
+        for rule in ("kept", "scaled"):
+            for t in (1, 2, 4):
+                assert row[f"{rule} T={t}"] == bundle[label][f"test_time/T{t}_{rule}/perplexity"]
+    at = page(monkeypatch, imported_study.served, "energy_diagnostics.py")
+    assert "holds no energy diagnostics" in at.info[0].value
+    at = page(monkeypatch, imported_study.served, "curves.py")
+    assert "not their training curves" in at.info[0].value
+
+
+def test_an_empty_store_names_the_committed_results_to_import(imported_study, tmp_path,
+                                                               monkeypatch):
+    """Where the repository has committed bundles, the empty state gives the command that
+    imports them."""
+    import shutil
+
+    from dashboards import reads
+
+    committed = tmp_path / "repo" / "docs" / "results" / "data"
+    shutil.copytree(imported_study.bundle, committed)
+    monkeypatch.setattr(reads, "COMMITTED_BUNDLES", committed)
+    monkeypatch.delenv("CEMLAB_BUNDLES", raising=False)
+    at = page(monkeypatch, f"sqlite:///{tmp_path / 'mlflow.db'}", "compare.py")
+    assert at.info[0].value.endswith(
+        " `cemlab import docs/results/data` brings the committed results.")

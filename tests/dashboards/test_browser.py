@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -96,19 +97,11 @@ def chromium() -> None:
                     "still missing")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, request) -> Iterator[str]:
-    """The dashboard served by ``streamlit run`` over the session's seeded store (its newest
-    experiment, the scaling grid, is every page's default); yields its URL. With
-    ``CEMLAB_BROWSER_STORE=environment``, over the store this environment names instead
-    (``MLFLOW_TRACKING_URI``, ``CEMLAB_LEDGER_URL``: ``.cemlab/services.env`` after ``make
-    demo``), to look at real runs."""
-    directory = tmp_path_factory.mktemp("dashboard")
-    if os.environ.get("CEMLAB_BROWSER_STORE") == "environment":
-        store = {k: os.environ[k] for k in ("MLFLOW_TRACKING_URI", "CEMLAB_LEDGER_URL")}
-    else:
-        uri = request.getfixturevalue("seeded_store").uri
-        store = {"MLFLOW_TRACKING_URI": uri, "CEMLAB_LEDGER_URL": uri}
+@contextmanager
+def streamlit_server(store: dict[str, str], directory: Path) -> Iterator[str]:
+    """``streamlit run dashboards/app.py`` on a free port with ``store`` (environment variables:
+    the tracking URI, the ledger URL, ...) over this environment, its log in ``directory``;
+    yields its URL once ``/_stcore/health`` answers ok, and stops it after."""
     port = free_port()
     log = directory / "streamlit.log"
     with open(log, "wb") as out:
@@ -141,6 +134,22 @@ def server(tmp_path_factory, request) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, request) -> Iterator[str]:
+    """The dashboard served by ``streamlit run`` over the session's seeded store (its newest
+    experiment, the scaling grid, is every page's default); yields its URL. With
+    ``CEMLAB_BROWSER_STORE=environment``, over the store this environment names instead
+    (``MLFLOW_TRACKING_URI``, ``CEMLAB_LEDGER_URL``: ``.cemlab/services.env`` after ``make
+    demo``), to look at real runs."""
+    if os.environ.get("CEMLAB_BROWSER_STORE") == "environment":
+        store = {k: os.environ[k] for k in ("MLFLOW_TRACKING_URI", "CEMLAB_LEDGER_URL")}
+    else:
+        uri = request.getfixturevalue("seeded_store").uri
+        store = {"MLFLOW_TRACKING_URI": uri, "CEMLAB_LEDGER_URL": uri}
+    with streamlit_server(store, tmp_path_factory.mktemp("dashboard")) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +259,106 @@ def test_compare_charts_have_their_downloads(server, driver):
     assert all(name.startswith("compare-") for _, _, name in cameras(driver, "png", charts))
     formats[1].click()
     cameras(driver, "svg", charts)
+
+
+FIGURE_DATA = """  // per chart of the main area: its traces as plotly drew them (names, x, y)
+return Array.from(document.querySelectorAll('[data-testid="stMain"] .js-plotly-plot')).map(
+    gd => (gd._fullData || []).map(t => ({name: t.name || '', mode: t.mode || '',
+        x: t.x ? Array.from(t.x) : [], y: t.y ? Array.from(t.y) : []})));
+"""
+FAMILIES = {"llama": "Llama", "cem-attn": "CEM attention"}  # the study's variants
+
+
+@pytest.fixture(scope="module")
+def bundle_server(imported_study, tmp_path_factory) -> Iterator[str]:
+    """The dashboard over the store the study's bundle was imported into, which has no MLflow
+    run of it, reading the bundle from ``CEMLAB_BUNDLES``; yields its URL."""
+    store = {"MLFLOW_TRACKING_URI": imported_study.served,
+             "CEMLAB_LEDGER_URL": imported_study.served,
+             "CEMLAB_BUNDLES": str(imported_study.bundle)}
+    with streamlit_server(store, tmp_path_factory.mktemp("bundle-dashboard")) as base:
+        yield base
+
+
+def _bundle_rows(imported_study) -> list[dict]:
+    """The bundle's trial rows, read with pandas from its Parquet file, with their planned
+    parameter counts (``Trial.params``) beside."""
+    import json
+
+    import pandas as pd
+
+    planned = {t.trial_id: t for t in imported_study.trials}
+    frame = pd.read_parquet(imported_study.bundle / "trials.parquet")
+    return [{**row, "metrics": json.loads(row["metrics"]),
+             "planned": planned[row["trial_hash"]].params} for row in frame.to_dict("records")]
+
+
+def _means(rows: list[dict], count: str) -> dict[str, list[tuple[float, float]]]:
+    """Per family: (parameters ``count`` as planned, mean test perplexity over seeds) of each
+    size, sorted: what a one-learning-rate grid's points are."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["size"]), []).append(r)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for (variant, _), part in groups.items():
+        out.setdefault(FAMILIES[variant], []).append(
+            (part[0]["planned"][count], sum(r["metric"] for r in part) / len(part)))
+    return {fam: sorted(points) for fam, points in out.items()}
+
+
+def _flat(points) -> list[float]:
+    """``(x, y)`` points sorted, as one flat list (``pytest.approx`` compares no nesting)."""
+    return [float(v) for point in sorted(points) for v in point]
+
+
+def _points(trace: dict) -> list[float]:
+    return _flat(zip(trace["x"], trace["y"]))
+
+
+@pytest.mark.parametrize(("number", "page"), list(enumerate(PAGES, 1)),
+                         ids=[url_path(p) for p in PAGES])
+def test_a_study_imported_from_a_bundle_fills_the_pages(bundle_server, driver, screenshots,
+                                                        imported_study, number, page):
+    """Every page loads without an error over a ledger that holds the study only as imported
+    trials; Paper figures, Compare and Test-time recursion draw it with the bundle's numbers:
+    its variants as families at their planned parameter counts, the seeds' mean test
+    perplexity, and each CEM trial's test-time evaluations."""
+    script, path = page[0], url_path(page)
+    charts = script in {"paper.py", "compare.py", "recursion.py"}
+    driver.get_log("browser")
+    load(driver, f"{bundle_server}/" if number == 1 else f"{bundle_server}/{path}", charts)
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    errors = [e for e in severe if not harmless(e["message"], bundle_server, path)]
+    assert not errors, "browser console errors:\n" + "\n".join(map(str, errors))
+    exceptions = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    assert not exceptions, "exceptions on the page:\n" + "\n".join(e.text for e in exceptions)
+    text = driver.find_element(By.TAG_NAME, "body").text
+    assert f"Result bundles: {imported_study.bundle}" in text
+    assert "no result bundle read here holds" not in driver.page_source
+    assert driver.save_screenshot(str(screenshots / f"bundle-{number:02d}-{path}.png"))
+    if not charts:
+        return
+    rows = _bundle_rows(imported_study)
+    figures = driver.execute_script(FIGURE_DATA)
+    traces = {t["name"]: t for figure in figures for t in figure}
+    if script == "paper.py":  # Fig. 2a, the first tab: test perplexity against parameters
+        assert "fig2a-cpu: 12 finished of 12 trials (12 from a result bundle)" in text
+        for fam, points in _means(rows, "total").items():
+            assert _points(traces[fam]) == pytest.approx(_flat(points), rel=1e-9), fam
+    elif script == "compare.py":  # against non-embedding parameters, a power law per family
+        for fam, points in _means(rows, "non_embedding").items():
+            assert _points(traces[fam]) == pytest.approx(_flat(points), rel=1e-9), fam
+            assert any(name.startswith(f"{fam} fit: ") for name in traces), fam
+    else:  # each size's CEM trial best on validation, T_eval 1, 2, 4, both step-size rules
+        cem = [r for r in rows if r["variant"] == "cem-attn"]
+        best = [min((r for r in cem if r["size"] == size), key=lambda r: r["val_metric"])
+                for size in {r["size"] for r in cem}]
+        expected = {f"cem-attn@{r['size']} lr=0.008 seed={r['seed']}, {rule}": [
+            (float(t), r["metrics"][f"test_time/T{t}_{rule}/perplexity"]) for t in (1, 2, 4)]
+            for r in best for rule in ("kept", "scaled")}
+        assert {n for n in traces if n != "as trained"} == set(expected)
+        for name, points in expected.items():
+            assert _points(traces[name]) == pytest.approx(_flat(points), rel=1e-12), name
+        # as trained (T_eval = T_train = 2, eta kept): the trial's test perplexity
+        assert _points(traces["as trained"]) == pytest.approx(
+            _flat((2, r["metric"]) for r in best), rel=1e-12)
