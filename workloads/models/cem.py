@@ -9,6 +9,7 @@ the query side (paper Algorithm 1, as reconstructed in docs/DESIGN.md).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,20 @@ from workloads.models.position import alibi_bias, alibi_slopes, sdpa_mask, sdpa_
 from workloads.models.precond import Preconditioner
 
 VELOCITY = "attn_velocity"  # key of the attention velocity in a layer-scope momentum carry
+KERNELS = ("auto", "sdpa", "math", "explicit", "flex", "triton")  # CEMAttention.kernel's values
+
+
+def _kernel_from_env() -> str:
+    """``CEMLAB_CEM_KERNEL``, the default of ``CEMAttention.kernel`` in this process (and the
+    Ray workers it starts), read at import; ``auto`` when unset.
+
+    Raises:
+        ValueError: the variable is set to a value not in ``KERNELS``.
+    """
+    kernel = os.environ.get("CEMLAB_CEM_KERNEL", "").strip() or "auto"
+    if kernel not in KERNELS:
+        raise ValueError(f"CEMLAB_CEM_KERNEL: expected one of {KERNELS}, got {kernel!r}")
+    return kernel
 
 
 def _fixed_input(sub: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -65,12 +80,15 @@ class CEMAttention(nn.Module):
     # batches for stacked trials), ``explicit`` (scores, softmax and the weighted sum as three
     # ops: the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
     # ``auto``: flex to train on a GPU, sdpa elsewhere (FlexAttention has no CPU backward; see
-    # ``uses_flex``). The Newton step needs the probabilities, so it takes sdpa's (explicit)
-    # path whatever is set. In bf16 on a CPU, ``explicit`` is the fastest, but it rounds the
-    # scores to bf16 before the softmax, which SDPA (like the fused kernel of Llama's attention)
-    # does not, a numerical difference between the variants compared: it is not the default
+    # ``uses_flex``), or ``triton`` (the Triton kernels of ``models.kernels.cem_attention``,
+    # forward and backward, computing the shared diagonal's scores themselves; on a CPU only
+    # under Triton's interpreter). The Newton step needs the probabilities, so it takes sdpa's
+    # (explicit) path whatever is set. The default is ``CEMLAB_CEM_KERNEL`` (``auto`` unset).
+    # In bf16 on a CPU, ``explicit`` is the fastest, but it rounds the scores to bf16 before
+    # the softmax, which SDPA (like the fused kernel of Llama's attention) does not, a
+    # numerical difference between the variants compared: it is not the default
     # (docs/benchmarks.md).
-    kernel: str = "auto"
+    kernel: str = _kernel_from_env()
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -129,6 +147,11 @@ class CEMAttention(nn.Module):
         return self.kernel == "flex" or (self.kernel == "auto" and h.is_cuda and not wide
                                          and torch.is_grad_enabled())
 
+    def uses_triton(self) -> bool:
+        """Whether the plain steps take the Triton kernel (``kernel: triton``; the Newton step
+        takes the explicit path)."""
+        return self.kernel == "triton" and self.cfg.update != "newton"
+
     def attention_probs(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """p_ijk at iterate ``x`` given the block input ``h`` (both (B, T, D)): the softmax over
         j <= i of s_ijk, shape (B, K, T, T) (zero above the diagonal)."""
@@ -140,9 +163,12 @@ class CEMAttention(nn.Module):
                 bias: torch.Tensor | None, need_probs: bool,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention outputs o = sum_j p_ij v_j (B, K, T, Dh [+ D]) and optionally p; ``bias``
-        None: the FlexAttention kernel, which computes the bias itself (no p)."""
+        None: the FlexAttention or the Triton kernel (``uses_triton``), which compute the bias
+        themselves (no p)."""
         q = self._heads(self.q_proj(u))
         scale = 1 / math.sqrt(self.d_head)
+        if bias is None and self.uses_triton():
+            return self._attend_triton(u, h_norm, q, k, scale), None
         v, shared_scores = k, None
         if self.kq_diag is not None:
             b, t, d = u.shape
@@ -167,6 +193,27 @@ class CEMAttention(nn.Module):
                                                   scale=scale), None
         p = torch.softmax(q @ k.transpose(-1, -2) * scale + bias, dim=-1)
         return p @ v, p
+
+    def _attend_triton(self, u: torch.Tensor, h_norm: torch.Tensor, q: torch.Tensor,
+                       k: torch.Tensor, scale: float) -> torch.Tensor:
+        """``_attend``'s o (B, K, T, Dh [+ D]) from the Triton kernel: the shared diagonal's
+        scores h~_jᵀ D u_i as its factors (D u, h~), the per-head diagonal and the exact value
+        path as extra columns of q, k and v."""
+        from workloads.models.kernels.cem_attention import cem_attention  # imports triton
+
+        v, cq, ck = k, None, None
+        if self.kq_diag is not None:
+            b, t, d = u.shape
+            hn = h_norm[:, None].expand(b, self.n_head, t, d)  # (B, K, T, D)
+            if self.kq_diag.dim() == 1:
+                cq, ck = u * self.kq_diag, h_norm
+            else:
+                q = torch.cat([q, u[:, None] * self._diag()[None, :, None, :]], dim=-1)
+                k = torch.cat([k, hn], dim=-1)
+            if self.cfg.energy_exact:
+                v = torch.cat([v, hn], dim=-1)
+        return cem_attention(q, k, v, self.alibi_slopes, self.self_bias, self.cross_bias, scale,
+                             cq, ck)
 
     def _to_model_space(self, o: torch.Tensor) -> torch.Tensor:
         """Per-head directions g_k = W^Q_kᵀ o_k (+ D_k o~_k), shape (B, T, K, D)."""
@@ -248,7 +295,8 @@ class CEMAttention(nn.Module):
         pass; the velocity is read from and written back to it.
         """
         cfg, eta = self.cfg, self.step_size
-        bias = None if self.uses_flex(h) else self.score_bias(h.shape[1], h.dtype)
+        fused = self.uses_flex(h) or self.uses_triton()  # kernels that compute the bias
+        bias = None if fused else self.score_bias(h.shape[1], h.dtype)
         xs = [h if cfg.recursion_start == "h" else self.norm(h)]
         if cfg.layer_reuse:  # plain reuse: the whole residual sublayer again, keys recomputed
             for _ in range(cfg.attn_steps):

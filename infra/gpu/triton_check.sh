@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The Triton CEM attention kernel (CEMAttention.kernel: triton; docs/benchmarks.md, "The Triton
+# CEM attention kernel") on a GPU machine, as one budgeted run, steps in order of worth:
+#
+#   tests          its tests on CUDA tensors (tests/workloads/models/test_cem_triton.py -k cuda:
+#                  forward, every input gradient and c's gradient against the math kernel in
+#                  fp32 and bf16, causality, the compiled and the autocast layer), 240 s at most
+#   cem-compiled   step_bench's CEM-134M (cem-best T=2), compiled, bf16, on the Triton kernel,
+#                  with its 30 longest kernels (infra/gpu/kernel_bench.py)
+#   llama-compiled step_bench's Llama-134M, compiled, bf16
+#   grid           a four-trial Ray Tune grid of CEM-134M on the Triton kernel (four learning
+#                  rates, 40 steps of 8 x 2048 tokens each, DeepSpeed ZeRO-1, compiled, bf16)
+#                  through `cemlab run`, on CORPUS; it first installs what the trial stack
+#                  lacks (ray, deepspeed, mlflow, ...: from WHEELS, a folder of wheels, when
+#                  given, else from the package index) and is skipped, saying why, when that
+#                  fails or CORPUS is unset
+#   eager          step_bench's CEM-134M on the Triton kernel and Llama-134M, eager
+#
+#   CORPUS='corpus/*.txt' [WHEELS=dir] [STEPS=tests,cem-compiled,...] \
+#     bash infra/gpu/triton_check.sh [OUT_DIR] [BUDGET_S]
+#
+# (PRESET=nano PRECISION=fp32 STEPS=cem-compiled,llama-compiled,eager: a dry run of the
+# benches; on a CPU the Triton kernel needs TRITON_INTERPRET=1.) Each step is its own process
+# with its own time limit, cut to what is left of BUDGET_S (default 570); one that would get
+# under 30 s is skipped. Logs and each bench's JSON go to OUT_DIR (default $OUT, else
+# ./gpu-triton); a summary table ends the output.
+set -u
+here=$(cd "$(dirname "$0")/../.." && pwd)
+source "$here/infra/gpu/lib.sh"  # begin, step
+begin "${1:-${OUT:-gpu-triton}}" "${2:-570}" triton.log
+cd "$here"
+export PYTHONPATH="$here/infra/gpu:$here${PYTHONPATH:+:$PYTHONPATH}"
+export CEMLAB_HOME=${CEMLAB_HOME:-/tmp/cemlab-home}
+steps=",${STEPS:-tests,cem-compiled,llama-compiled,grid,eager},"
+wants() { [[ $steps == *",$1,"* ]]; }
+preset=${PRESET:-llama-134m}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee -a "$log"
+
+# The tests in two runs, the quick ones (the layer compiled and under autocast among them)
+# first: each dtype, tile and row width is one more Triton compile, and the second run has many.
+tests_until=$(($(date +%s) + 240))
+for marks in "not slow" "slow"; do
+  left=$(( (tests_until < deadline ? tests_until : deadline) - $(date +%s) ))
+  wants tests || break
+  if [ "$left" -lt 30 ]; then
+    echo "== tests ($marks): skipped, ${left} s left" | tee -a "$log"
+    continue
+  fi
+  echo "== tests ($marks) on CUDA tensors (limit $left s)" | tee -a "$log"
+  began=$(date +%s)
+  timeout -s KILL "$left" python3 -m pytest -q -p no:cacheprovider -k cuda -m "$marks" \
+    tests/workloads/models/test_cem_triton.py >>"$log" 2>&1
+  echo "== tests ($marks): exit $?, $(($(date +%s) - began)) s" | tee -a "$log"
+done
+
+bench=(--preset "$preset" --precision "${PRECISION:-bf16}" --rounds 1 --seconds 3)
+wants cem-compiled && step cem-compiled 200 kernel_bench --kernel triton "${bench[@]}" \
+  --variants "cem-best T=2" --compile --profile 30 --json-out "$out/cem-compiled.json"
+wants llama-compiled && step llama-compiled 90 workloads.lm.step_bench "${bench[@]}" \
+  --variants llama --compile --json-out "$out/llama-compiled.json"
+
+install_trial_stack() {  # pip-installs the trial stack's missing packages; 0 when all import
+  local check="import ray.tune, ray.train, deepspeed, mlflow, pydantic, pydantic_settings, yaml"
+  check+=", sqlalchemy, alembic, tokenizers, pyarrow, pandas, scipy, safetensors, tabulate"
+  python3 -c "$check" 2>/dev/null && return 0
+  # Keep the machine's torch and Triton: a dependency's torch range must not replace them.
+  python3 -c "import torch, triton
+print(f'torch=={torch.__version__}\ntriton=={triton.__version__}')" >"$out/constraints.txt"
+  local source=(--retries 1 --timeout 20)
+  [ -n "${WHEELS:-}" ] && source=(--no-index --find-links "$WHEELS")
+  echo "== installing the trial stack (${WHEELS:-package index})" | tee -a "$log"
+  timeout -s KILL 240 python3 -m pip install -q "${source[@]}" -c "$out/constraints.txt" \
+    "ray[default,train,tune]>=2.50" "deepspeed>=0.17" "mlflow>=3.0" "alembic>=1.20" \
+    "sqlalchemy>=2.0" "pydantic>=2.7" "pydantic-settings>=2.4" pyyaml tokenizers pyarrow pandas \
+    scipy safetensors tabulate >>"$log" 2>&1
+  python3 -c "$check" >>"$log" 2>&1
+}
+
+if wants grid; then
+  if [ -z "${CORPUS:-}" ]; then
+    echo "== grid: skipped, CORPUS (a glob of text files) is unset" | tee -a "$log"
+  elif ! install_trial_stack; then
+    echo "== grid: skipped, the trial stack does not import (see $log)" | tee -a "$log"
+  else
+    spec="$out/cem-134m-triton-grid.yaml"
+    cat >"$spec" <<EOF
+name: cem-134m-triton-grid
+description: CEM-134M on the Triton attention kernel, four learning rates, 40 steps each
+data:
+  source: text_files
+  paths: "$CORPUS"
+  vocab_size: 32000
+sizes: [$preset]
+variants:
+  cem-best: {attention: cem, mlp: cem, attn_steps: 2, mlp_steps: 2, kq_diag: shared,
+             attn_preconditioner: diag_lowrank, mlp_preconditioner: diag_lowrank}
+learning_rates: [0.001, 0.002, 0.004, 0.008]
+budget:
+  tokens: 655360
+training:
+  batch_size: 8
+  micro_batch_size: 8
+  eval_interval: 20
+  eval_sequences: 16
+engine:
+  zero_stage: 1
+  precision: bf16
+  compile: true
+resources: {num_workers: 1, cpus_per_worker: 8, use_gpu: true, gpu_memory_gb: 80,
+            memory_per_worker_gb: 16}
+EOF
+    CEMLAB_CEM_KERNEL=triton step grid 300 orchestrator run "$spec"
+    step grid-status 30 orchestrator status "$spec"
+  fi
+fi
+
+wants eager && step eager 120 kernel_bench --kernel triton \
+  "${bench[@]}" --variants "llama,cem-best T=2" --json-out "$out/eager.json"
+
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+from tabulate import tabulate
+rows = []
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    for row in json.loads(path.read_text()):
+        rows.append({"run": path.stem, "variant": row["variant"],
+                     "kernel": row.get("kernel", "-"), "step_ms": row["step_ms"],
+                     "tokens_per_s": row["tokens_per_s"], "mfu_%": 100 * row["mfu"],
+                     "peak_MiB": row["peak_memory_mib"], "first_step_s": row["first_step_s"]})
+print(tabulate(rows, headers="keys", floatfmt=",.1f"))
+PY
