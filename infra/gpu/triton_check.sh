@@ -6,7 +6,7 @@
 #                  forward, every input gradient and c's gradient against the math kernel in
 #                  fp32 and bf16, causality, the compiled and the autocast layer), 240 s at most
 #   cem-compiled   step_bench's CEM-134M (cem-best T=2), compiled, bf16, on the Triton kernel,
-#                  with its 30 longest kernels (infra/gpu/kernel_bench.py)
+#                  with its 30 longest kernels
 #   llama-compiled step_bench's Llama-134M, compiled, bf16
 #   grid           a four-trial Ray Tune grid of CEM-134M on the Triton kernel (four learning
 #                  rates, 40 steps of 8 x 2048 tokens each, DeepSpeed ZeRO-1, compiled, bf16)
@@ -29,7 +29,7 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 source "$here/infra/gpu/lib.sh"  # begin, step
 begin "${1:-${OUT:-gpu-triton}}" "${2:-570}" triton.log
 cd "$here"
-export PYTHONPATH="$here/infra/gpu:$here${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export CEMLAB_HOME=${CEMLAB_HOME:-/tmp/cemlab-home}
 steps=",${STEPS:-tests,cem-compiled,llama-compiled,grid,eager},"
 wants() { [[ $steps == *",$1,"* ]]; }
@@ -58,7 +58,7 @@ for marks in "not slow" "slow"; do
 done
 
 bench=(--preset "$preset" --precision "${PRECISION:-bf16}" --rounds 1 --seconds 3)
-wants cem-compiled && step cem-compiled 200 kernel_bench --kernel triton "${bench[@]}" \
+wants cem-compiled && step cem-compiled 200 workloads.lm.step_bench --cem-kernel triton "${bench[@]}" \
   --variants "cem-best T=2" --compile --profile 30 --json-out "$out/cem-compiled.json"
 wants llama-compiled && step llama-compiled 90 workloads.lm.step_bench "${bench[@]}" \
   --variants llama --compile --json-out "$out/llama-compiled.json"
@@ -118,7 +118,7 @@ EOF
   fi
 fi
 
-wants eager && step eager 120 kernel_bench --kernel triton \
+wants eager && step eager 120 workloads.lm.step_bench --cem-kernel triton \
   "${bench[@]}" --variants "llama,cem-best T=2" --json-out "$out/eager.json"
 
 python3 - "$out" <<'PY'
@@ -127,8 +127,7 @@ from tabulate import tabulate
 rows = []
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     for row in json.loads(path.read_text()):
-        rows.append({"run": path.stem, "variant": row["variant"],
-                     "kernel": row.get("kernel", "-"), "step_ms": row["step_ms"],
+        rows.append({"run": path.stem, "variant": row["variant"], "step_ms": row["step_ms"],
                      "tokens_per_s": row["tokens_per_s"], "mfu_%": 100 * row["mfu"],
                      "peak_MiB": row["peak_memory_mib"], "first_step_s": row["first_step_s"]})
 print(tabulate(rows, headers="keys", floatfmt=",.1f"))

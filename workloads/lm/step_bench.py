@@ -43,7 +43,7 @@ from workloads.models import (
     flops_per_token,
     next_token_loss,
 )
-from workloads.models.cem import CEMAttention
+from workloads.models.cem import KERNELS, CEMAttention
 from workloads.runtime.allocator import reuse_freed_memory
 from workloads.runtime.hardware import DTYPES, device_name, peak_flops, peak_memory_bytes
 from workloads.runtime.timing import format_kernels, kernel_rows, profiler, timed_calls
@@ -170,10 +170,11 @@ def main(argv: list[str] | None = None) -> None:
                         "spread over --rounds rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="fp32")
-    parser.add_argument("--cem-kernel", choices=["auto", "sdpa", "explicit", "flex"],
+    parser.add_argument("--cem-kernel", choices=KERNELS,
                         default="auto", help="CEMAttention.kernel (auto: compiled FlexAttention "
                         "on a GPU, SDPA elsewhere; explicit: faster in bf16 on a CPU, scores "
-                        "rounded to bf16; flex needs a GPU to train)")
+                        "rounded to bf16; flex needs a GPU to train; triton: the Triton kernels, "
+                        "on a CPU under TRITON_INTERPRET=1)")
     parser.add_argument("--compile", action="store_true", help="torch.compile every variant's "
                         "model and the loss (all alike); first_step_s is then the compile")
     parser.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",")],
