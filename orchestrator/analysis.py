@@ -1,5 +1,8 @@
-"""Optimal learning rates by Akima interpolation over log2(LR) (paper Sec. 4.2, Fig. 3a),
-chosen on validation; test is reported at the choice."""
+"""Learning rates chosen on validation. For the claims (``choose_lr``): once per arm, the
+trained learning rate of lowest mean log validation over its tuning seeds, and the validation
+set's noise bound (``set_noise``). For display (``cemlab results``, the dashboard): each seed's
+optimum by Akima interpolation over log2(LR) (paper Sec. 4.2, Fig. 3a), with test read there;
+no verdict reads an interpolated value."""
 
 from __future__ import annotations
 
@@ -172,3 +175,80 @@ def optima_table(points: list[Point], metric: str) -> list[dict]:
 
 def _std(xs: list[float]) -> float:
     return statistics.stdev(xs) if len(xs) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class ArmChoice:
+    """The learning rate of one arm (dataset, variant, size), chosen once on the seed-averaged
+    validation metric of its tuning seeds among the learning rates it trained.
+
+    ``lrs``: the arm's trained learning rates (ascending; its grid and what its bracket added);
+    ``seeds``: the tuning seeds averaged; ``mean_log_val``: per learning rate, the seeds' mean
+    of log validation (infinite where any of them diverged); ``at_edge``: the choice is the
+    smallest or largest of two or more learning rates, so it is no optimum; ``val_sd``: the
+    seeds' standard deviation of log validation at the choice (0 for one seed);
+    ``runner_up`` and ``gap``: the learning rate with the next lowest mean and its distance
+    from the choice's (log units; None with one finite learning rate).
+    """
+
+    lr: float
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    mean_log_val: tuple[float, ...]  # in the order of ``lrs``
+    at_edge: bool
+    val_sd: float
+    runner_up: float | None
+    gap: float | None
+
+
+def choose_lr(lrs: list[float], val: dict[int, dict[float, float]]) -> ArmChoice | None:
+    """The learning rate among ``lrs`` (an arm's trained learning rates) with the lowest mean
+    over seeds of log validation metric, ``val`` mapping each tuning seed to its validation
+    metric per learning rate (every seed every learning rate: ``math.inf`` where it diverged).
+    The mean of logs is the log of the geometric mean; a learning rate at which any seed
+    diverged has an infinite mean and is never chosen. No interpolation: only a trained
+    learning rate is chosen. None without seeds or without a finite mean.
+
+    Raises:
+        ValueError: a seed lacks one of ``lrs``, or a value is not positive.
+    """
+    lrs = sorted(lrs)
+    seeds = tuple(sorted(val))
+    if not seeds or not lrs:
+        return None
+    for seed in seeds:
+        if len(val[seed]) != len(lrs) or not all(
+                any(_same(lr, had) for had in val[seed]) for lr in lrs):
+            raise ValueError(f"seed {seed} has learning rates {sorted(val[seed])}, not {lrs}")
+        if any(not v > 0 for v in val[seed].values()):
+            raise ValueError(f"seed {seed}: a validation metric is not positive")
+
+    def at(seed: int, lr: float) -> float:
+        return next(v for had, v in val[seed].items() if _same(lr, had))
+
+    means = [statistics.fmean(math.log(at(s, lr)) for s in seeds) for lr in lrs]
+    order = sorted(range(len(lrs)), key=lambda i: means[i])
+    best = order[0]
+    if not math.isfinite(means[best]):
+        return None
+    logs = [math.log(at(s, lrs[best])) for s in seeds]
+    second = order[1] if len(order) > 1 and math.isfinite(means[order[1]]) else None
+    return ArmChoice(lrs[best], tuple(lrs), seeds, tuple(means),
+                     len(lrs) > 1 and best in (0, len(lrs) - 1), _std(logs),
+                     lrs[second] if second is not None else None,
+                     means[second] - means[best] if second is not None else None)
+
+
+def set_noise(points: list[Point]) -> float | None:
+    """The standard deviation over ``points`` (one arm's finished tuning trials) of
+    ``log val - log test`` about its mean: the disagreement of the validation and test splits
+    on one trained model, in log units. It bounds from above the validation set's own noise on
+    one trial's log validation metric (the whole test split adds its smaller noise). None with
+    fewer than 3 points."""
+    if len(points) < 3:
+        return None
+    return statistics.stdev(math.log(p.val) - math.log(p.test) for p in points)
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))

@@ -1,13 +1,15 @@
-"""The paper's claims that CEM Lab tests, each a set of paired comparisons between
-variants of one paper spec (``experiments/paper/<figure>[-cpu].yaml``), and the questions of the
-recursion study (``experiments/studies/``): does T=2 beat T=1 under each reading of
-the paper's Algorithm 1, in fp32, and with more tokens. Each set is a ``ClaimSet``.
+"""The paper's claims that CEM Lab tests, each a set of comparisons between variants of one
+paper spec (``experiments/paper/<figure>[-cpu].yaml``), and the questions of the recursion
+study (``experiments/studies/``): does T=2 beat T=1 under each reading of the paper's
+Algorithm 1, in fp32, and with more tokens. Each set is a ``ClaimSet``.
 
-A comparison's effect, per seed, is the relative difference of the test metric (perplexity, GP
-RMSE) at each arm's learning rate chosen on validation: ``treatment / control - 1`` (negative:
-the treatment is better), or, with base arms, the difference of two relative gains
-``treatment / treatment_base - control / control_base`` (negative: the treatment's gain is the
-larger). Data only: ``orchestrator.report`` evaluates them.
+A comparison's effect is a log ratio of the test metric (perplexity, GP RMSE) of models trained
+at each arm's learning rate chosen on validation, pooled over the spec's sizes
+(``verdicts.pooled_fit``): ``log(treatment / control)`` (negative: the treatment is better), or,
+with base arms, the log ratio of two gains ``log((treatment / treatment_base) / (control /
+control_base))`` (negative: the treatment's gain is the larger). Margins are relative changes
+(0.05 for 5 %), compared as ``log(1 + margin)``, fixed here before any run. Data only:
+``orchestrator.report`` evaluates them.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ class Comparison:
     (``workloads.lm.recursion.settings``).
 
     ``kind``: ``better`` (the claim: effect < 0), ``not_worse`` (the claim: effect <
-    ``margin``, a relative tolerance such as 0.05 for "within 5 %") or ``equivalent`` (the
-    claim: |effect| < the equivalence margin; its test is TOST). ``equivalence``: the margin
-    inside which the arms count as equal (relative, ±), when it differs from its claim's
-    (``Claim.equivalence``); fixed here, before the trials run.
+    ``log(1 + margin)``, ``margin`` a relative tolerance such as 0.05 for "within 5 %") or
+    ``equivalent`` (the claim: |effect| < ``log(1 +`` the equivalence margin ``)``; its test is
+    TOST). ``equivalence``: the margin inside which the arms count as equal (relative, ±), when
+    it differs from its claim's (``Claim.equivalence``); fixed here, before the trials run.
     """
 
     treatment: str
@@ -50,7 +52,8 @@ class Comparison:
 
     @property
     def threshold(self) -> float:
-        """The effect the claim must stay below: 0 (``better``) or ``margin``."""
+        """The relative change the claim must stay below: 0 (``better``) or ``margin``
+        (the report compares the log ratio with ``log(1 + threshold)``)."""
         return self.margin if self.kind == "not_worse" else 0.0
 
     @property

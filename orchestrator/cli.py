@@ -1,5 +1,5 @@
-"""``cemlab {plan,run,train,join,status,results,report,export,import,models} ...``, the command
-line of CEM Lab (also ``python -m orchestrator``)."""
+"""``cemlab {plan,run,train,join,status,results,seeds,report,export,import,models} ...``, the
+command line of CEM Lab (also ``python -m orchestrator``)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="progress of one experiment, or of all of them")
     p.add_argument("spec", nargs="?", help="path of the experiment YAML (default: all)")
     p = sub.add_parser("results", help="Akima-interpolated optimal learning rates of a spec")
+    p.add_argument("spec", help="path of the experiment YAML")
+    p = sub.add_parser("seeds", help="per arm: the learning rate chosen on the tuning seeds' "
+                       "mean validation, the seed spread there, steps per trial, and how far "
+                       "the validation set's noise can move the choice (from the ledger)")
     p.add_argument("spec", help="path of the experiment YAML")
     p = sub.add_parser("report", help="the paper's claims (or a study's): run what is missing, "
                        "then write REPORT.md with verdicts and figures")
@@ -196,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.settings import Settings
 
     rows = experiment_rows(spec, Ledger(Settings().ledger_url))
+    if args.command == "seeds":
+        from orchestrator.results import format_seeds
+
+        print(format_seeds(spec, rows))
+        return 0
     if args.command == "status":
         from orchestrator.plan import plan
         from orchestrator.results import format_status

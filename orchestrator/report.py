@@ -1,15 +1,17 @@
 """The claims report: each claim of a ``ClaimSet`` (``orchestrator.claims``: the paper's, or the
-recursion study's) measured on the ledger's finished trials, with seeds, the mean effect, an
-interval paired by seed and Holm-adjusted across the claim's comparisons, the minimum detectable
-effect, and a verdict
-(``orchestrator.verdicts``: supports, contradicts, equivalent, mixed, underpowered); written as
-``REPORT.md`` plus one PNG figure per claim (and ``ladder.png``, the test metric against
-training tokens, for a set's ladder). docs/statistics.md gives the formulas.
+recursion study's) measured on the ledger's finished trials, one pooled regression per
+comparison (log test metric on arm and size, with an arm x log N trend) with its interval at the
+comparison's Holm level across the claim, the minimum detectable effect and the seeds that
+would reach the claim's margin, and a verdict (``orchestrator.verdicts``: supports,
+contradicts, equivalent, mixed, underpowered); written as ``REPORT.md`` plus one PNG figure per
+claim (and ``ladder.png``, the test metric against training tokens, for a set's ladder).
+docs/statistics.md gives the formulas.
 
-Protocol: per (variant, size, seed) the learning rate is chosen on validation (the Akima optimum
-over log2 LR, ``analysis.seed_choices``) and the test metric is read there (and, beside it, the
-test metric of the trained LR nearest the choice); a comparison pairs its arms by seed (only
-seeds every arm finished). Optima at a grid's edge are flagged.
+Protocol: per (dataset, variant, size) the learning rate is chosen once, on the tuning seeds'
+mean log validation metric over the learning rates they trained (``results.tuning``); the test
+metric is read from trained models at that learning rate, the evaluation seeds'
+(``learning_rates.eval_seeds``) where the spec has them and they finished, else the tuning
+seeds' (said so); nothing is interpolated. Per-size contrasts stay in the report as detail.
 """
 
 from __future__ import annotations
@@ -24,69 +26,97 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import verdicts
-from orchestrator.analysis import Point, seed_choices
 from orchestrator.brackets import same_lr
 from orchestrator.claims import CLAIM_SETS, Claim, ClaimSet, Comparison
-from orchestrator.ledger import Ledger, Status, TrialRow
-from orchestrator.results import experiment_rows, finished_points, short_metric
+from orchestrator.ledger import Ledger, Status
+from orchestrator.results import (
+    Arm,
+    Models,
+    Tuning,
+    arm_rows,
+    evaluations,
+    experiment_rows,
+    required_lrs,
+    short_metric,
+    tuned_models,
+    tuning,
+)
 from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.core.atomic import atomic_path
 from workloads.core.provenance import code_fingerprint, git_commit
 from workloads.core.trial import Trial
 
+EVALUATION, TUNING = "evaluation", "tuning"  # where a comparison's test metrics come from
+
 
 @dataclass(frozen=True)
 class Effect:
-    """One comparison at one (dataset, size): per-seed effects (relative; at the chosen LRs,
-    and with the nearest trained LRs' test metrics, ``nearest``), the 1 - ``alpha`` interval at
-    the comparison's Holm level (``ci``; None with fewer than 2 seeds), its verdict, the
-    interval that verdict rests on (``shown``, of coverage ``coverage``: ``ci``, or the
-    1 - 2 alpha TOST interval of an equivalence), the equivalence ``margin`` (relative, ±), the
-    minimum detectable effect at 80 % power (``mde``, relative) and the seeds that would bring
-    it down to the margin (``seeds_needed``; ``verdicts.mde``, ``verdicts.seeds_for``)."""
+    """One comparison pooled over the claim's sizes (``verdicts.pooled_fit``; None without a
+    residual degree of freedom): its models' ``source`` (``evaluation`` or ``tuning`` seeds),
+    its Holm level ``alpha`` and verdict, the 1 - alpha interval of the log ratio (``ci``), the
+    interval the verdict rests on (``shown``, of coverage ``coverage``: ``ci``, or the 1 - 2
+    alpha TOST interval of an equivalence), the equivalence ``margin`` (relative, ±, as the
+    claim states it), the minimum detectable effect at 80 % power (``mde``, a log ratio) and the
+    seeds per (arm, size) that would bring it down to the margin (``seeds_needed``;
+    ``verdicts.mde``, ``verdicts.seeds_for`` on the fit's residual sd and design)."""
 
     comparison: Comparison
-    dataset: str
-    size: str
-    seeds: tuple[int, ...]
-    per_seed: tuple[float, ...]
-    nearest: tuple[float, ...]
-    ci: tuple[float, float] | None
+    source: str
+    fit: verdicts.PooledFit | None
     alpha: float
     verdict: str
     margin: float = 0.01
+    ci: tuple[float, float] | None = None
     shown: tuple[float, float] | None = None
     coverage: float = 0.95
     mde: float | None = None
     seeds_needed: int | None = None
 
     @property
-    def mean(self) -> float:
-        return statistics.fmean(self.per_seed)
+    def estimate(self) -> float | None:
+        """The pooled log ratio (treatment over control), None without a fit."""
+        return self.fit.estimate if self.fit else None
 
     @property
-    def std(self) -> float:
-        """The seeds' sample standard deviation of the effect (relative; 0 for one seed)."""
-        return statistics.stdev(self.per_seed) if len(self.per_seed) > 1 else 0.0
+    def margin_log(self) -> float:
+        """The equivalence margin as a log ratio: ``log(1 + margin)``."""
+        return math.log1p(self.margin)
 
     @property
     def margin_unreachable(self) -> bool:
-        """Whether the margin is below what these seeds detect (``mde`` > ``margin``)."""
-        return self.mde is not None and self.mde > self.margin
+        """Whether the margin lies below what this design detects (``mde`` > ``margin_log``):
+        there it cannot show equivalence."""
+        return self.mde is not None and self.mde > self.margin_log
+
+    @property
+    def seeds(self) -> tuple[int, int]:
+        """The fewest and the most seeds of any (arm, size) cell of the fit."""
+        counts = [n for b in self.fit.blocks for n in b.counts] if self.fit else [0]
+        return min(counts), max(counts)
 
 
-def measure(comparison: Comparison, margin: float, dataset: str, size: str,
-            seeds: tuple[int, ...], per_seed: tuple[float, ...], nearest: tuple[float, ...],
-            alpha: float) -> Effect:
-    """The ``Effect`` of one comparison's per-seed effects (relative) at Holm level ``alpha``
-    with equivalence ``margin`` (relative, ±)."""
-    sample = verdicts.Sample(per_seed, comparison.threshold, margin, comparison.tost)
-    shown, coverage = verdicts.verdict_interval(sample, alpha)
-    return Effect(comparison, dataset, size, seeds, per_seed, nearest, sample.interval(alpha),
-                  alpha, verdicts.verdict(sample, alpha), margin, shown, coverage,
-                  verdicts.mde(sample.sd, sample.n, alpha),
-                  verdicts.seeds_for(sample.sd, margin, alpha) if sample.n > 1 else None)
+def estimate_of(comparison: Comparison, margin: float, fit: verdicts.PooledFit,
+                ) -> verdicts.Estimate:
+    """The ``verdicts.Estimate`` of ``fit``: its log ratio, standard error and residual degrees
+    of freedom against the comparison's threshold ``log(1 + threshold)`` and equivalence margin
+    ``log(1 + margin)`` (``margin`` relative, ±)."""
+    return verdicts.Estimate(fit.estimate, fit.se, fit.df, math.log1p(comparison.threshold),
+                             math.log1p(margin), comparison.tost)
+
+
+def measure(comparison: Comparison, margin: float, source: str,
+            fit: verdicts.PooledFit | None, alpha: float) -> Effect:
+    """The ``Effect`` of one comparison's pooled ``fit`` at Holm level ``alpha`` with
+    equivalence ``margin`` (relative, ±)."""
+    if fit is None:
+        return Effect(comparison, source, None, alpha, verdicts.UNDERPOWERED, margin)
+    est = estimate_of(comparison, margin, fit)
+    shown, coverage = verdicts.verdict_interval(est, alpha)
+    return Effect(comparison, source, fit, alpha, verdicts.verdict(est, alpha), margin,
+                  est.interval(alpha), shown, coverage, est.mde(alpha),
+                  verdicts.seeds_for(fit.sd, math.log1p(margin), alpha,
+                                     design=fit.design))
 
 
 @dataclass(frozen=True)
@@ -95,14 +125,15 @@ class ClaimResult:
     spec: ExperimentSpec
     metric: str  # perplexity, rmse
     effects: tuple[Effect, ...]
-    arms: list[dict]  # per (dataset, size, variant): test and chosen LR, mean ± std over seeds
-    incomplete: tuple[str, ...] = ()  # arms and seeds left out: their LR grid is unfinished
-    diverged: tuple[str, ...] = ()  # seeds kept with learning rates that diverged
+    arms: list[dict]  # per (dataset, size, variant): chosen LR, seeds, spreads (results.arm_rows)
+    incomplete: tuple[str, ...] = ()  # tuning seeds left out: their LR grid is unfinished
+    diverged: tuple[str, ...] = ()  # tuning seeds kept with learning rates that diverged
     tests: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)
-    # ^ (dataset, size, variant) -> the test metric of each seed at its chosen LR
-    at_edge: tuple[str, ...] = ()  # arms with seeds whose chosen LR sits at the grid's edge
+    # ^ (dataset, size, variant) -> the test metric of each trained model read at its chosen LR
+    at_edge: tuple[str, ...] = ()  # arms whose chosen LR is the edge of their learning rates
     trial_ids: frozenset[str] = frozenset()  # the spec's finished trials
     span: tuple[dt.datetime, dt.datetime] | None = None  # their first start, their last finish
+    notes: tuple[str, ...] = ()  # evaluation rows not used, arms without a choice
 
     @property
     def verdict(self) -> str:
@@ -110,154 +141,131 @@ class ClaimResult:
 
     @property
     def decided(self) -> str:
-        """e.g. ``3 of 4 comparisons decided``."""
+        """e.g. ``1 of 2 comparisons decided``."""
         n = sum(e.verdict in verdicts.DEFINITE for e in self.effects)
         return f"{n} of {len(self.effects)} comparisons decided"
 
 
-def paired_effects(comparison: Comparison, tests: dict[str, dict[int, float]]
-                   ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Seeds that every arm of ``comparison`` has in ``tests`` (variant -> seed -> test
-    metric), and the effect at each (``orchestrator.claims``)."""
-    arms = comparison.arms
-    if not all(a in tests for a in arms):
-        return (), ()
-    seeds = tuple(sorted(set.intersection(*(set(tests[a]) for a in arms))))
-
-    def effect(seed: int) -> float:
-        t, c = tests[comparison.treatment][seed], tests[comparison.control][seed]
-        if comparison.treatment_base is None:
-            return t / c - 1
-        return (t / tests[comparison.treatment_base][seed]
-                - c / tests[comparison.control_base][seed])
-
-    return seeds, tuple(effect(s) for s in seeds)
+def weights(comparison: Comparison) -> dict[str, float]:
+    """The comparison's contrast weights per arm, the control second (the regression's
+    reference): ``treatment - control`` in log test metric, or with base arms the log ratio of
+    the two gains ``(treatment - treatment_base) - (control - control_base)``; an arm named
+    twice sums its weights, and arms whose weight is 0 are dropped."""
+    out: dict[str, float] = defaultdict(float)
+    for arm, w in ((comparison.treatment, 1.0), (comparison.control, -1.0),
+                   (comparison.treatment_base, -1.0), (comparison.control_base, 1.0)):
+        if arm:
+            out[arm] += w
+    return {a: w for a, w in out.items() if w != 0}
 
 
-def outcome(row: TrialRow) -> str:
-    """``finished`` (FINISHED with finite validation and test metrics), ``diverged`` (FAILED;
-    or FINISHED with a non-finite metric, or with no test metric at all: SQLite stores NaN as
-    NULL) or ``missing`` (not yet run, or finished with a test metric but no validation metric
-    recorded)."""
-    if row.status == Status.FAILED or (row.status == Status.FINISHED and row.metric is None):
-        return "diverged"
-    if row.status != Status.FINISHED or row.val_metric is None:
-        return "missing"
-    finite = math.isfinite(row.metric) and math.isfinite(row.val_metric)
-    return "finished" if finite else "diverged"
+def observations(comparison: Comparison, values: dict[tuple[str, str, str], dict[int, float]],
+                 ) -> list[verdicts.Observation]:
+    """``comparison``'s observations: for every (dataset, size) block and arm of ``values``
+    ((dataset, size, arm) -> seed -> test metric), one per seed, ``y`` the log of its test
+    metric; blocks are named ``dataset/size``."""
+    arms = set(weights(comparison))
+    return [verdicts.Observation(arm, f"{d}/{s}", seed, math.log(y))
+            for (d, s, arm), by_seed in sorted(values.items()) if arm in arms
+            for seed, y in sorted(by_seed.items())]
 
 
-def required_lrs(spec: ExperimentSpec, rows: list[TrialRow]) -> dict[tuple, list[float]]:
-    """Per (dataset, variant, size): the learning rates every seed must have, ascending: the
-    spec's grid and every learning rate any seed of the arm has a row at (what its bracket's
-    rounds added, ``lr_round``), whatever the row's status."""
-    out: dict[tuple, list[float]] = defaultdict(lambda: list(spec.lr_grid))
-    for r in rows:
-        lrs = out[(r.dataset, r.variant, r.size)]
-        if not any(same_lr(r.lr, lr) for lr in lrs):
-            lrs.append(r.lr)
-    return {arm: sorted(lrs) for arm, lrs in out.items()}
-
-
-def complete_grids(spec: ExperimentSpec, rows: list[TrialRow],
-                   ) -> tuple[list[Point], tuple[str, ...], tuple[str, ...]]:
-    """The finished points of the (dataset, variant, size, seed) groups that have an outcome
-    (``outcome``: finished or diverged) at every learning rate of their arm (``required_lrs``),
-    one line per group left out, and one line per kept group with diverged learning rates. An
-    LR chosen on part of the grid is not the one the full grid would choose, so a comparison
-    never uses it; a diverged LR counts as present with infinite validation loss: the seed
-    stays and that LR is never chosen (a seed whose every LR diverged is left out)."""
-    required = required_lrs(spec, rows)
-    groups: dict[tuple, list[TrialRow]] = defaultdict(list)
-    for r in rows:
-        groups[(r.dataset, r.variant, r.size, r.seed)].append(r)
-    kept, left_out, diverged = [], [], []
-    for (d, v, s, seed), rs in sorted(groups.items()):
-        lrs = required[(d, v, s)]
-        done = [r for r in rs if outcome(r) != "missing"]
-        missing = [lr for lr in lrs if not any(same_lr(r.lr, lr) for r in done)]
-        finite = finished_points([r for r in done if outcome(r) == "finished"])
-        bad = sorted(r.lr for r in done if outcome(r) == "diverged")
-        name = f"{v}@{s} ({d}) seed {seed}"
-        if missing:
-            left_out.append(f"{name}: {len(lrs) - len(missing)} of {len(lrs)} learning rates "
-                            f"finished (not {', '.join(f'{lr:g}' for lr in missing)}), left out")
-        elif not finite:
-            left_out.append(f"{name}: every learning rate diverged, left out")
-        else:
-            kept += finite
-            if bad:
-                diverged.append(f"{name}: learning rate {', '.join(f'{lr:g}' for lr in bad)} "
-                                "diverged, counted as infinite validation loss (never chosen)")
-    return kept, tuple(left_out), tuple(diverged)
-
-
-def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
-             run_metrics: Callable[[str], dict[str, float]] | None = None) -> ClaimResult:
-    """``claim`` measured on the finished trials of ``spec`` in ``ledger``, using only the
-    seeds whose learning-rate grid is complete (``complete_grids``); the intervals and verdicts
-    Holm-adjusted across all its comparisons at every (dataset, size). Test-time arms
-    (``variant@setting``) read ``test_time/<setting>/perplexity`` from ``run_metrics`` (an MLflow
-    run id to its metrics) of the trial nearest each seed's chosen learning rate; without it,
-    or where the run lacks the setting, they have no seeds."""
-    rows = experiment_rows(spec, ledger)
-    points, incomplete, diverged = complete_grids(spec, rows)
-    choices = seed_choices(points)
-    run_of = {(r.dataset, r.variant, r.size, r.seed, r.lr): r.mlflow_run_id for r in rows}
-    found, arms, all_tests = [], [], {}
-    for dataset, size in sorted({(d, s) for d, _, s in choices}):
-        here = {v: by_seed for (d, v, s), by_seed in choices.items() if (d, s) == (dataset, size)}
-        tests = {v: {seed: c.test for seed, c in by_seed.items()} for v, by_seed in here.items()}
-        nearest = {v: {seed: c.nearest for seed, c in by_seed.items()}
-                   for v, by_seed in here.items()}
-        for arm in sorted({a for c in claim.comparisons for a in c.arms if "@" in a}):
-            variant, setting = arm.split("@")
+def arm_values(spec: ExperimentSpec, arms: set[str], models: dict[Arm, Models],
+               run_metrics: Callable[[str], dict[str, float]] | None,
+               ) -> dict[tuple[str, str, str], dict[int, float]]:
+    """(dataset, size, arm) -> seed -> test metric of the trained models in ``models`` (their
+    chosen learning rate). A test-time arm ``variant@setting`` reads
+    ``test_time/<setting>/perplexity`` from ``run_metrics`` (an MLflow run id to its metrics)
+    of the same models; without it, or where a run lacks the setting, it has none."""
+    out: dict[tuple[str, str, str], dict[int, float]] = {}
+    for (dataset, variant, size), m in models.items():
+        if variant in arms and m.tests:
+            out[(dataset, size, variant)] = dict(m.tests)
+        for arm in arms:
+            if "@" not in arm or arm.split("@")[0] != variant:
+                continue
+            setting = arm.split("@")[1]
             values = {}
-            for seed, choice in here.get(variant, {}).items():
-                run_id = run_of.get((dataset, variant, size, seed, choice.nearest_lr))
+            for seed, run_id in m.runs.items():
                 value = (run_metrics(run_id).get(f"test_time/{setting}/perplexity")
                          if run_metrics and run_id else None)
                 if value is not None:
                     values[seed] = value
             if values:
-                tests[arm] = nearest[arm] = values
-                all_tests[(dataset, size, arm)] = list(values.values())
-                test = _pm(list(values.values()), "{:.3f}")  # the trained model's: one value
-                chosen = [here[variant][seed] for seed in values]
-                arms.append({"dataset": dataset, "size": size, "variant": arm,
-                             "seeds": len(values), "test": test, "test (nearest LR)": test,
-                             "LR (val)": _pm([c.nearest_lr for c in chosen], "{:.2e}"),
-                             "at grid edge": f"{sum(c.at_edge for c in chosen)} of "
-                                             f"{len(values)}"})
-        for variant, by_seed in sorted(here.items()):
-            values = [c.test for c in by_seed.values()]
-            all_tests[(dataset, size, variant)] = values
-            edge = [seed for seed, c in by_seed.items() if c.at_edge]
-            arms.append({"dataset": dataset, "size": size, "variant": variant,
-                         "seeds": len(by_seed), "test": _pm(values, "{:.3f}"),
-                         "test (nearest LR)": _pm([c.nearest for c in by_seed.values()],
-                                                  "{:.3f}"),
-                         "LR (val)": _pm([c.lr for c in by_seed.values()], "{:.2e}"),
-                         "at grid edge": f"{len(edge)} of {len(by_seed)}"})
-        for comparison in claim.comparisons:
-            seeds, per_seed = paired_effects(comparison, tests)
-            if seeds:
-                found.append((comparison, dataset, size, seeds, per_seed,
-                              paired_effects(comparison, nearest)[1]))
-    family = [verdicts.Sample(per_seed, c.threshold, claim.margin_of(c), c.tost).p_value()
-              for c, _, _, _, per_seed, _ in found]  # each comparison's own test
+                out[(dataset, size, arm)] = values
+    return out
+
+
+def log_params(spec: ExperimentSpec) -> dict[tuple[str, str, str], float]:
+    """(dataset, variant, size) -> the natural log of its total parameter count, as planned
+    (``plan.arm_cells``, without the prepared data: the spec's vocabulary)."""
+    from orchestrator.plan import arm_cells
+
+    return {arm: math.log(cell(spec.lr_grid[0], spec.seeds[0]).params["total"])
+            for arm, cell in arm_cells(spec).items()}
+
+
+def _complete(comparison: Comparison, values: dict) -> bool:
+    """Whether some (dataset, size) block of ``values`` has every arm of ``comparison``."""
+    arms = set(weights(comparison))
+    blocks = {(d, s) for d, s, _ in values}
+    return any(all((d, s, a) in values for a in arms) for d, s in blocks)
+
+
+def evaluate(claim: Claim, spec: ExperimentSpec, ledger: Ledger,
+             run_metrics: Callable[[str], dict[str, float]] | None = None) -> ClaimResult:
+    """``claim`` measured on the finished trials of ``spec`` in ``ledger``: each arm's learning
+    rate chosen on its complete tuning seeds' mean log validation (``results.tuning``), the
+    test metric of the trained models there (``results.evaluations``: the evaluation seeds;
+    a comparison none of whose blocks has every arm evaluated reads the tuning seeds' models,
+    ``results.tuned_models``), one pooled regression per comparison over every (dataset, size)
+    with every arm (``verdicts.pooled_fit``; the blocks' log N the control's parameter count;
+    paired by seed when every arm is one trained variant), Holm-adjusted across the claim's
+    comparisons. Test-time arms (``variant@setting``) read ``test_time/<setting>/perplexity``
+    from ``run_metrics`` (an MLflow run id to its metrics) of the same trained models."""
+    rows = experiment_rows(spec, ledger)
+    tuned: Tuning = tuning(spec, rows)
+    evaluated, notes = evaluations(spec, rows, tuned)
+    tuned_at = tuned_models(rows, tuned)
+    arms_named = {a for c in claim.comparisons for a in c.arms}
+    by_source = {EVALUATION: arm_values(spec, arms_named, evaluated, run_metrics),
+                 TUNING: arm_values(spec, arms_named, tuned_at, run_metrics)}
+    logn = log_params(spec) if tuned.choices else {}
+    found = []
+    for comparison in claim.comparisons:
+        w = weights(comparison)
+        if len(w) < 2:
+            continue
+        source = EVALUATION if spec.eval_seeds and _complete(comparison,
+                                                             by_source[EVALUATION]) else TUNING
+        values = by_source[source]
+        if not _complete(comparison, values):
+            continue
+        control = comparison.control.split("@")[0]
+        blocks = {f"{d}/{s}": logn[(d, control, s)] for d, s, _ in values
+                  if (d, control, s) in logn}
+        fit = verdicts.pooled_fit(observations(comparison, values), w, blocks,
+                                  paired=len(comparison.variants) == 1)
+        found.append((comparison, source, fit))
+    family = [estimate_of(c, claim.margin_of(c), fit).p_value() if fit else 1.0
+              for c, _, fit in found]  # each comparison's own test
     levels = verdicts.holm_levels(family)
-    effects = tuple(measure(c, claim.margin_of(c), d, s, seeds, per_seed, near, alpha)
-                    for (c, d, s, seeds, per_seed, near), alpha in zip(found, levels,
-                                                                       strict=True))
-    edges = tuple(f"{a['variant']}@{a['size']} ({a['dataset']}): {a['at grid edge']} seeds "
-                  "chose a learning rate at the grid's edge" for a in arms
-                  if "@" not in a["variant"] and not a["at grid edge"].startswith("0 "))
+    effects = tuple(measure(c, claim.margin_of(c), source, fit, alpha)
+                    for (c, source, fit), alpha in zip(found, levels, strict=True))
+    used = {**tuned_at, **evaluated}  # per arm, the evaluation seeds where any finished
+    tests = {key: list(values.values())
+             for key, values in {**by_source[TUNING], **by_source[EVALUATION]}.items()}
+    edges = tuple(f"{v}@{s} ({d}): learning rate {c.lr:g} is the "
+                  f"{'smallest' if same_lr(c.lr, c.lrs[0]) else 'largest'} of the "
+                  f"{len(c.lrs)} it trained: no optimum" for (d, v, s), c in
+                  sorted(tuned.choices.items()) if c.at_edge)
     finished = [r for r in rows if r.status == Status.FINISHED]
     timed = [(r.started_at, r.finished_at) for r in finished if r.started_at and r.finished_at]
     span = (min(s for s, _ in timed), max(f for _, f in timed)) if timed else None
-    return ClaimResult(claim, spec, short_metric(spec), effects, arms, incomplete, diverged,
-                       all_tests, edges, frozenset(r.trial_hash for r in finished), span)
+    return ClaimResult(claim, spec, short_metric(spec), effects, arm_rows(tuned, used),
+                       tuned.incomplete, tuned.diverged, tests, edges,
+                       frozenset(r.trial_hash for r in finished), span,
+                       (*tuned.unchosen, *notes))
 
 
 def setup(results: list[ClaimResult]) -> str:
@@ -271,7 +279,7 @@ def setup(results: list[ClaimResult]) -> str:
     results = ran or results
     data = sorted({d for r in results for d in r.spec.workload_impl.datasets(
         r.spec.workload_config)})
-    seeds = sorted({len(r.spec.seeds) for r in results})
+    seeds = sorted({(len(r.spec.seeds), len(r.spec.eval_seeds)) for r in results})
     fractions: dict[str, set[float]] = defaultdict(set)
     per_param = set()
     for r in results:
@@ -294,8 +302,13 @@ def setup(results: list[ClaimResult]) -> str:
             "start to the last finish" if spans else "")
     trials = len(frozenset().union(*(r.trial_ids for r in results)))
     not_run = f" Claims not run yet: {', '.join(idle)}." if idle else ""
-    return (f"Setup: data {', '.join(data)}; {budget}; {'/'.join(map(str, seeds))} seeds per "
-            f"arm; {trials} distinct trials finished{wall}.{not_run}")
+    if all(e == 0 for _, e in seeds):
+        per_arm = f"{'/'.join(str(t) for t, _ in seeds)} seeds per arm"
+    else:
+        per_arm = (f"{'/'.join(str(t) for t, _ in seeds)} tuning and "
+                   f"{'/'.join(str(e) for _, e in seeds)} evaluation seeds per arm")
+    return (f"Setup: data {', '.join(data)}; {budget}; {per_arm}; {trials} distinct trials "
+            f"finished{wall}.{not_run}")
 
 
 def _hours(span: dt.timedelta) -> str:
@@ -310,23 +323,44 @@ def claim_spec_path(directory: Path, claim: Claim, scale: str = "cpu") -> Path:
 
 
 def missing_trials(spec: ExperimentSpec, ledger: Ledger) -> list[Trial]:
-    """Planned trials of ``spec`` whose grid point has no finished row in ``ledger``."""
-    from orchestrator.plan import plan
+    """Planned trials of ``spec`` whose grid point has no finished row in ``ledger``: the
+    tuning seeds' at every learning rate of their arm (the grid and what its bracket's rounds
+    added, ``results.required_lrs``), and the evaluation seeds' at the learning rate each arm
+    chose so far (``results.tuning``; an arm without a choice plans none yet)."""
+    from orchestrator.plan import arm_cells
 
-    done = {(r.dataset, r.variant, r.size, r.lr, r.seed)
-            for r in experiment_rows(spec, ledger) if r.status == Status.FINISHED}
-    return [t for t in plan(spec) if (t.dataset, t.variant, t.size, t.lr, t.seed) not in done]
+    rows = experiment_rows(spec, ledger)
+    done = [(r.dataset, r.variant, r.size, r.lr, r.seed) for r in rows
+            if r.status == Status.FINISHED]
+
+    def finished(t: Trial) -> bool:
+        return any((d, v, s, seed) == (t.dataset, t.variant, t.size, t.seed) and same_lr(lr, t.lr)
+                   for d, v, s, lr, seed in done)
+
+    cells = arm_cells(spec)
+    required = required_lrs(spec, rows)
+    trials = [cell(lr, seed) for arm, cell in cells.items()
+              for lr in required.get(arm, spec.lr_grid) for seed in spec.seeds]
+    if spec.eval_seeds:
+        trials += [cells[arm](choice.lr, seed)
+                   for arm, choice in sorted(tuning(spec, rows).choices.items())
+                   for seed in spec.eval_seeds]
+    return [t for t in trials if not finished(t)]
 
 
 def lr_protocol(spec: ExperimentSpec) -> str:
     """How a claim's spec sets each arm's learning rate: ``fixed at 0.002 (not chosen)`` for a
-    grid of one, ``own optimum on 0.0005..0.008 (5)`` for a fixed grid, and ``own optimum on
-    0.001..0.004 (3), adapting to 8`` for a bracket that adapts."""
+    grid of one, ``own optimum on 0.0005..0.008 (5)`` for a fixed grid (the trained learning
+    rate of lowest mean validation over the tuning seeds), and ``own optimum on 0.001..0.004
+    (3), adapting to 8`` for a bracket that adapts; with evaluation seeds, ``; tested on 5
+    fresh seeds there``."""
     lrs = spec.lr_grid
+    tested = (f"; tested on {len(spec.eval_seeds)} fresh seeds there" if spec.eval_seeds
+              else "")
     if len(lrs) == 1:
-        return f"fixed at {lrs[0]:g} (not chosen)"
+        return f"fixed at {lrs[0]:g} (not chosen){tested}"
     bracket = f", adapting to {spec.lr_max_points}" if spec.lr_max_points else ""
-    return f"own optimum on {lrs[0]:g}..{lrs[-1]:g} ({len(lrs)}){bracket}"
+    return f"own optimum on {lrs[0]:g}..{lrs[-1]:g} ({len(lrs)}){bracket}{tested}"
 
 
 def _pm(xs: list[float], fmt: str) -> str:
@@ -334,8 +368,13 @@ def _pm(xs: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.fmean(xs))} ± {fmt.format(std)}"
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}%"
+def as_percent(log_ratio: float) -> float:
+    """A log ratio as a relative change in %: ``100 (exp(x) - 1)``."""
+    return 100 * math.expm1(log_ratio)
+
+
+def _pct(log_ratio: float) -> str:
+    return f"{as_percent(log_ratio):+.1f}%"
 
 
 def _level(coverage: float) -> str:
@@ -344,40 +383,100 @@ def _level(coverage: float) -> str:
 
 
 def _interval(e: Effect) -> str:
-    """The effect's mean and the interval its verdict rests on, in %: ``+2.0% [-1.9, +4.4]``."""
+    """The pooled effect and the interval its verdict rests on, as relative changes in %
+    (``exp`` of the log ratio and its bounds, less 1): ``+2.0% [-1.9, +4.4]``."""
+    if e.estimate is None:
+        return "-"
     if e.shown is None:
-        return f"{_pct(e.mean)} [-]"
-    return f"{_pct(e.mean)} [{100 * e.shown[0]:+.1f}, {100 * e.shown[1]:+.1f}]"
+        return f"{_pct(e.estimate)} [-]"
+    return (f"{_pct(e.estimate)} [{as_percent(e.shown[0]):+.1f}, "
+            f"{as_percent(e.shown[1]):+.1f}]")
+
+
+def _trend(e: Effect) -> str:
+    """The effect's change per doubling of N (``slope * ln 2`` as %) ± its standard error."""
+    if e.fit is None or e.fit.slope is None:
+        return "-"
+    return (f"{_pct(e.fit.slope * math.log(2))} ± "
+            f"{100 * e.fit.slope_se * math.log(2):.1f}")
 
 
 def _effect_row(result: ClaimResult, e: Effect) -> dict:
+    low, high = e.seeds
     return {"claim": f"({result.claim.key})", "comparison": e.comparison.describe(),
-            "data": e.dataset, "size": e.size, "seeds": len(e.seeds),
+            "sizes": len(e.fit.blocks) if e.fit else "-",
+            "seeds": (f"{low}{f'-{high}' if high != low else ''} {e.source}" if e.fit
+                      else f"- {e.source}"),
             "effect [interval]": _interval(e),
             "interval": f"{_level(e.coverage)}" + (" TOST" if e.shown != e.ci else "")
             if e.shown else "-",
-            "sd (seeds)": f"{100 * e.std:.1f}%",
-            "effect (nearest LR)": _pct(statistics.fmean(e.nearest)),
+            "per 2x N": _trend(e),
+            "sd (resid.)": f"{100 * e.fit.sd:.1f}%" if e.fit else "-",
             "margin": f"±{100 * e.margin:g}%",
-            "MDE (80 %)": f"{100 * e.mde:.1f}%" if e.mde is not None else "-",
+            "MDE (80 %)": f"{as_percent(e.mde):.1f}%" if e.mde is not None else "-",
             "seeds for margin": e.seeds_needed if e.seeds_needed is not None else "-",
             "verdict": e.verdict}
 
 
+DETAIL_COVERAGE = 0.95  # the per-size rows' intervals: detail, not Holm-adjusted
+
+
+def detail_rows(result: ClaimResult) -> list[dict]:
+    """One row per comparison and (dataset, size) of its fit: the contrast of the cells' mean
+    log test metrics there with its unadjusted 95 % interval on the pooled residual sd
+    (``verdicts.BlockEffect``), each arm's seeds and seed sd of log test: detail beside the
+    pooled verdict, never a verdict."""
+    from scipy.stats import t
+
+    rows = []
+    for e in result.effects:
+        if e.fit is None:
+            continue
+        half = float(t.ppf(1 - (1 - DETAIL_COVERAGE) / 2, e.fit.df))
+        for b in e.fit.blocks:
+            dataset, size = b.block.split("/", 1)
+            low, high = (as_percent(b.value + sign * half * b.se) for sign in (-1, 1))
+            rows.append({"claim": f"({result.claim.key})",
+                         "comparison": e.comparison.describe(), "data": dataset,
+                         "size": size, "seeds per arm": "/".join(map(str, b.counts)),
+                         "effect [95 %]": f"{_pct(b.value)} [{low:+.1f}, {high:+.1f}]",
+                         "seed sd per arm": "/".join(f"{100 * sd:.1f}%" for sd in b.sds)})
+    return rows
+
+
+def source_lines(result: ClaimResult) -> list[str]:
+    """One line per comparison whose test metrics are the tuning seeds' although the spec
+    names evaluation seeds (none of its sizes has every arm evaluated yet), and one per
+    comparison with sizes left out of its fit (an arm without models there)."""
+    lines = []
+    for e in result.effects:
+        if e.source == TUNING and result.spec.eval_seeds:
+            lines.append(f"Tuning seeds: {e.comparison.describe()} reads the models its "
+                         "learning rates were chosen on: its evaluation seeds have not run")
+        if e.fit and e.fit.left_out:
+            lines.append(f"Left out: {e.comparison.describe()} at {', '.join(e.fit.left_out)}"
+                         ": an arm has no models there")
+    return lines
+
+
 def margin_lines(result: ClaimResult) -> list[str]:
     """The claim's equivalence margin with its reason, then one line per comparison whose
-    margin lies below its minimum detectable effect: there an equivalence cannot be shown and
-    an effect as small as the margin not found with these seeds."""
+    margin lies below its minimum detectable effect: that design cannot show equivalence
+    within the margin (nor find an effect as small), and the seeds per (arm, size) that would
+    (``verdicts.seeds_for``)."""
     why = f" ({result.claim.equivalence_why})" if result.claim.equivalence_why else ""
     lines = [f"Equivalence margin: ±{100 * result.claim.equivalence:g} %{why}"]
     for e in result.effects:
         if e.margin_unreachable:
-            more = (f"{e.seeds_needed} seeds would reach it" if e.seeds_needed
+            more = (f"{e.seeds_needed} seeds per arm and size would reach it" if e.seeds_needed
                     else "no feasible number of seeds reaches it")
+            low, high = e.seeds
             lines.append(
-                f"Margin unreachable: {e.comparison.describe()} ({e.dataset}, {e.size}): "
+                f"Cannot show equivalence: {e.comparison.describe()}: its margin "
                 f"±{100 * e.margin:g} % lies below the minimum detectable effect "
-                f"{100 * e.mde:.1f} % of {len(e.seeds)} seeds (sd {100 * e.std:.1f} %); {more}")
+                f"{as_percent(e.mde):.1f} % of this design ({low}"
+                f"{f'-{high}' if high != low else ''} {e.source} seeds per arm and size over "
+                f"{len(e.fit.blocks)} size(s), residual sd {100 * e.fit.sd:.1f} %); {more}")
     return lines
 
 
@@ -443,31 +542,36 @@ def interval_label(effects: tuple[Effect, ...]) -> str:
 
 
 def figure(result: ClaimResult, path: Path) -> None:
-    """Per-seed effects (dots), their mean and the interval each verdict rests on (bar, at its
-    Holm-adjusted level, stated on the axis and per row) for every comparison of the claim,
-    against 0 and the claim's margin, under the claim's title wrapped to the figure
-    (``wrap_title``); written as a PNG (matplotlib, no display)."""
+    """Every comparison of the claim pooled over its sizes: the effect (relative change in %,
+    the exp of the log ratio less 1) and the interval its verdict rests on (bar, at its
+    Holm-adjusted level, stated on the axis and per row), each size's contrast beside it (grey
+    dots: detail), against 0 and the claim's not-worse margin, under the claim's title wrapped
+    to the figure (``wrap_title``); written as a PNG (matplotlib, no display)."""
     plt = _pyplot()
     effects = result.effects
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * max(len(effects), 1)))
     for y, e in enumerate(effects):
-        ax.scatter([100 * x for x in e.per_seed], [y] * len(e.per_seed), color="0.5", s=14,
-                   zorder=3)
-        low, high = e.shown if e.shown else (e.mean, e.mean)
+        if e.fit is None:
+            continue
+        sizes = [as_percent(b.value) for b in e.fit.blocks]
+        ax.scatter(sizes, [y] * len(sizes), color="0.5", s=14, zorder=3)
+        mid = as_percent(e.fit.estimate)
+        low, high = (as_percent(x) for x in e.shown) if e.shown else (mid, mid)
         color = {verdicts.SUPPORTS: "tab:green", verdicts.CONTRADICTS: "tab:red",
                  verdicts.EQUIVALENT: "tab:blue"}.get(e.verdict, "tab:gray")
-        ax.errorbar(100 * e.mean, y, xerr=[[100 * (e.mean - low)], [100 * (high - e.mean)]],
-                    fmt="o", color=color, capsize=4, zorder=4)
+        ax.errorbar(mid, y, xerr=[[mid - low], [high - mid]], fmt="o", color=color, capsize=4,
+                    zorder=4)
         if e.comparison.kind == "not_worse":
             ax.plot([100 * e.comparison.margin] * 2, [y - 0.4, y + 0.4], color="tab:orange",
                     linestyle="--")
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(effects)),
-                  [f"{e.comparison.describe()}\n{e.dataset}, {e.size}"
+                  [f"{e.comparison.describe()}\n"
+                   f"{len(e.fit.blocks) if e.fit else 0} size(s), {e.source} seeds"
                    + (f", {_level(e.coverage)}" if e.shown else "") for e in effects],
                   fontsize=7)
-    ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better)\n"
-                  f"bars: {interval_label(effects)}s, paired by seed")
+    ax.set_xlabel(f"effect on test {result.metric} (%, negative: treatment better), pooled "
+                  f"over sizes\nbars: {interval_label(effects)}s; dots: each size")
     _title(fig, f"({result.claim.key}) {result.claim.title}: {result.verdict}")
     _save_png(plt, fig, path)
 
@@ -518,18 +622,25 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
         "",
         setup(results),
         "",
-        "Protocol: for every variant, size and seed the learning rate is chosen on validation "
-        "(Akima optimum over log2 LR) and the test metric is read there (the trained LR nearest "
-        "the choice beside it); each comparison pairs its arms by seed; effect = treatment / "
-        "control - 1 (or the difference of two relative gains); a Student-t interval over "
-        f"seeds at the comparison's Holm level (family-wise {verdicts.ALPHA:.0%} over the "
-        "claim's comparisons). Verdicts: supports / contradicts when the interval clears the "
-        "claim's threshold (0, or its not-worse margin) on one side; equivalent when the TOST "
-        "interval lies inside the claim's equivalence margin; underpowered otherwise. A claim "
-        "takes the verdict its decided comparisons share, mixed when they differ, underpowered "
-        "when none is decided. The effect column gives the interval the verdict rests on, sd "
-        "the seeds' spread, MDE the effect detected with 80 % power at the comparison's level "
-        "(the formulas: `docs/statistics.md`).",
+        "Protocol: per variant and size the learning rate is chosen once, among the learning "
+        "rates its bracket trained, on the tuning seeds' mean log validation metric; the test "
+        "metric is that of models trained at that learning rate on fresh evaluation seeds "
+        "(the tuning seeds' own models where a spec names none or they have not run: said "
+        "per claim); nothing is interpolated. Each comparison is one regression of log test "
+        "metric on arm and size with an arm x log N trend, pooled over sizes (per-size rows "
+        "are detail); its effect is the log ratio at the sizes' geometric-mean N, shown as a "
+        "relative change, with a Student-t interval on the residual degrees of freedom at the "
+        f"comparison's Holm level (family-wise {verdicts.ALPHA:.0%} over the claim's "
+        "comparisons, an equality's TOST among them). Verdicts: supports / contradicts when "
+        "the interval clears the claim's threshold (0, or its not-worse margin) on one side; "
+        "equivalent when the TOST interval lies inside the claim's equivalence margin and "
+        "that margin is at least the design's minimum detectable effect (MDE, 80 % power at "
+        "the comparison's level); underpowered otherwise. A claim takes the verdict its "
+        "decided comparisons share, mixed when they differ, underpowered when none is "
+        "decided. Columns: `per 2x N` the effect's change per doubling of parameters, "
+        "`sd (resid.)` the regression's residual sd of log test, `seeds for margin` the seeds "
+        "per arm and size whose MDE reaches the margin (the formulas: "
+        "`docs/statistics.md`).",
         "",
         "| claim | verdict | learning rate | paper |",
         "|---|---|---|---|",
@@ -545,14 +656,17 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
                   f"Spec `{r.spec.name}`; verdict **{r.verdict}** ({r.decided}); learning "
                   f"rate: {lr_protocol(r.spec)}.", "",
                   *[f"- {line}." for line in margin_lines(r)],
+                  *[f"- {line}." for line in source_lines(r)],
                   *[f"- Incomplete: {line}." for line in r.incomplete],
                   *[f"- Diverged: {line}." for line in r.diverged],
-                  *[f"- At a grid edge: {line}." for line in r.at_edge], ""]
+                  *[f"- At a grid edge: {line}." for line in r.at_edge],
+                  *[f"- {line}." for line in r.notes], ""]
         if not r.effects:
             lines += [f"No finished trials yet: `cemlab run "
                       f"{directory.rstrip('/')}/{r.spec.name}.yaml`.", ""]
             continue
         lines += ["```", format_table([_effect_row(r, e) for e in r.effects]), "",
+                  "per size (detail, not a verdict):", format_table(detail_rows(r)), "",
                   format_table(r.arms), "```", "",
                   f"![({r.claim.key})](claim-{r.claim.key}.png)", ""]
     return "\n".join(lines)

@@ -14,7 +14,9 @@
    leases alive meanwhile. With brackets that adapt (``learning_rates: {grid, extend,
    max_points}``), ``extend_brackets`` then plans the next learning rate beyond the edge of
    every arm whose validation optimum sits there, and those are claimed and launched in turn,
-   round after round.
+   round after round. Once the brackets settle, ``eval_trials`` plans the evaluation seeds
+   (``learning_rates.eval_seeds``) of every arm at the learning rate chosen on its tuning
+   seeds' mean validation, and those are claimed and launched too.
 5. ``analyse``: the ledger's rows of this plan, Akima optima stored on the parent run.
 6. ``report``: the results table and the optima, printed.
 7. ``register``: the best model per (variant, size) into the MLflow registry.
@@ -54,6 +56,7 @@ from orchestrator.results import (
     optima,
     short_metric,
     store_on_parent,
+    tuning,
 )
 from orchestrator.settings import Settings
 from orchestrator.settle import record
@@ -281,6 +284,32 @@ def extend_brackets(spec: ExperimentSpec, trials: list[Trial], prepared: Prepare
     return new
 
 
+def eval_trials(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared,
+                books: Books) -> list[Trial]:
+    """The evaluation round, after the brackets of ``trials`` (the tuning trials) settle: for
+    each arm with a learning rate chosen on its tuning seeds' mean validation
+    (``results.tuning``: the complete seeds, a trained learning rate, never interpolated), its
+    trials of every evaluation seed at that learning rate, each arm said in one line (at a grid
+    edge: said to be no optimum); none without evaluation seeds. Their trial ids are the
+    plan's (``plan.arm_cells``) at that learning rate and seed."""
+    if not spec.eval_seeds:
+        return []
+    rows = experiment_rows(spec, books.ledger, {t.trial_id for t in trials})
+    tuned = tuning(spec, rows)
+    grid = arm_cells(spec, prepared.data)
+    new = []
+    for line in (*tuned.incomplete, *tuned.unchosen):
+        print(f"[cemlab] evaluation round: {line}", flush=True)
+    for (dataset, variant, size), choice in sorted(tuned.choices.items()):
+        edge = (" (at the edge of its learning rates: no optimum, the bracket could not pass "
+                "it)" if choice.at_edge else "")
+        print(f"[cemlab] evaluation round: {variant}@{size} ({dataset}) chose learning rate "
+              f"{choice.lr:g} on {len(choice.seeds)} tuning seed(s){edge}: training seed(s) "
+              f"{', '.join(map(str, spec.eval_seeds))} there", flush=True)
+        new += [grid[(dataset, variant, size)](choice.lr, seed) for seed in spec.eval_seeds]
+    return new
+
+
 def analyse(spec: ExperimentSpec, trials: list[Trial], books: Books,
             ) -> tuple[list[TrialRow], list[dict[str, Any]]]:
     """The ledger rows of this plan and their Akima optima, stored on the parent run."""
@@ -387,6 +416,10 @@ def run_experiment(spec: ExperimentSpec, spec_yaml: str, cache: bool = True) -> 
             lr_round += 1
             added = extend_brackets(spec, trials, prepared, books, lr_round)
             trials = trials + added
+        evaluation = eval_trials(spec, trials, prepared, books)
+        if evaluation:
+            train(spec, evaluation, prepared, books, owner, cache, submitted_at)
+            trials = trials + evaluation
     rows, table = analyse(spec, trials, books)
     report(spec, trials, rows, table, time.perf_counter() - started)
     done = len(rows) == len(trials) and all(r.status == Status.FINISHED for r in rows)

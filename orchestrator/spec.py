@@ -104,16 +104,26 @@ class LearningRateGrid(StrictModel):
     """``learning_rates`` as a bracket that adapts (``orchestrator.brackets``): the ``grid``,
     and with ``extend`` an arm whose validation optimum sits at an edge of its learning rates
     gets the next point beyond that edge (the grid's log spacing there), round after round,
-    until its optimum is interior or it has ``max_points`` learning rates."""
+    until its optimum is interior or it has ``max_points`` learning rates. ``eval_seeds``:
+    fresh seeds that, once the brackets settle, train once per arm at the learning rate chosen
+    on the tuning seeds' (``seeds``) mean validation; the claims read their test metric."""
 
     grid: list[float] = Field(min_length=1)
     extend: bool = True
     max_points: int = Field(8, gt=0)
+    eval_seeds: list[NonNegativeInt] = []
 
     @field_validator("grid")
     @classmethod
     def _sorted(cls, lrs: list[float]) -> list[float]:
         return _sorted_learning_rates(lrs)
+
+    @field_validator("eval_seeds")
+    @classmethod
+    def _distinct_eval_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("seeds must be distinct")
+        return seeds
 
     @model_validator(mode="after")
     def _room_to_extend(self) -> LearningRateGrid:
@@ -241,6 +251,13 @@ class ExperimentSpec(StrictModel):
         lrs = self.learning_rates
         return lrs.max_points if isinstance(lrs, LearningRateGrid) and lrs.extend else None
 
+    @property
+    def eval_seeds(self) -> list[int]:
+        """The evaluation seeds (``learning_rates.eval_seeds``), trained at each arm's chosen
+        learning rate; none for a plain list of learning rates."""
+        lrs = self.learning_rates
+        return lrs.eval_seeds if isinstance(lrs, LearningRateGrid) else []
+
     @field_validator("seeds")
     @classmethod
     def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
@@ -259,6 +276,11 @@ class ExperimentSpec(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentSpec:
+        both = sorted(set(self.eval_seeds) & set(self.seeds))
+        if both:
+            raise _FieldError(("learning_rates", "eval_seeds"),
+                              f"seed(s) {', '.join(map(str, both))} also tune (seeds): an "
+                              "evaluation seed must be fresh")
         if self.training.batch_size % self.resources.num_workers:
             raise _FieldError(("training", "batch_size"),
                               f"{self.training.batch_size} is not a multiple of "

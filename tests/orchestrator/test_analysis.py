@@ -1,5 +1,6 @@
 """Akima optima over log2(LR): known minima, edge warnings, the choice on validation with
-test reported there, mean ± std over seeds."""
+test reported there, mean ± std over seeds; the arm's learning rate chosen once on its seeds'
+mean log validation among trained learning rates, and the validation set's noise bound."""
 
 import math
 import statistics
@@ -7,7 +8,14 @@ import statistics
 import numpy as np
 import pytest
 
-from orchestrator.analysis import Point, akima_optimum, akima_value, optima_table
+from orchestrator.analysis import (
+    Point,
+    akima_optimum,
+    akima_value,
+    choose_lr,
+    optima_table,
+    set_noise,
+)
 
 LRS = [0.0005, 0.001, 0.002, 0.004, 0.008]
 
@@ -86,3 +94,41 @@ def test_the_lr_is_chosen_on_validation_and_test_is_reported_there():
     assert llama["warning"] == "optimum at a grid edge (seed 0)"
     assert llama["opt_lr"] == pytest.approx(0.008) and llama["opt_perplexity"] == 56.0
     assert llama["opt_perplexity_std"] == 0.0 and llama["nearest_perplexity"] == 56.0
+
+
+def test_the_lr_is_chosen_once_per_arm_on_the_seeds_mean_log_validation():
+    """Seeds disagree on their own best learning rate; the arm takes the trained learning rate
+    of lowest mean log validation (the geometric mean), never an interpolated one."""
+    val = {0: {lr: bowl(lr, 0.0011, 20.0) for lr in LRS},
+           1: {lr: bowl(lr, 0.0035, 20.0) for lr in LRS},
+           2: {lr: bowl(lr, 0.0030, 20.0) for lr in LRS}}
+    choice = choose_lr(LRS, val)
+    means = {lr: statistics.fmean(math.log(val[s][lr]) for s in val) for lr in LRS}
+    best = min(means, key=means.get)
+    assert choice.lr == best == 0.002 and choice.lr in LRS
+    assert choice.seeds == (0, 1, 2) and choice.lrs == tuple(LRS) and not choice.at_edge
+    assert choice.mean_log_val == pytest.approx([means[lr] for lr in LRS])
+    runner_up = sorted(means, key=means.get)[1]
+    assert choice.runner_up == runner_up
+    assert choice.gap == pytest.approx(means[runner_up] - means[best])
+    assert choice.val_sd == pytest.approx(statistics.stdev(math.log(val[s][best]) for s in val))
+    # a learning rate where one seed diverged is never chosen, whatever the others say
+    val[1][0.002] = math.inf
+    assert choose_lr(LRS, val).lr != 0.002
+    # at the grid's end: chosen, and flagged as no optimum
+    falling = {s: {lr: 40.0 - 2 * i for i, lr in enumerate(LRS)} for s in range(2)}
+    edge = choose_lr(LRS, falling)
+    assert edge.lr == 0.008 and edge.at_edge
+    assert not choose_lr([0.002], {0: {0.002: 30.0}}).at_edge  # one LR: fixed, not chosen
+    assert choose_lr(LRS, {0: {lr: math.inf for lr in LRS}}) is None
+    with pytest.raises(ValueError, match="seed 0 has learning rates"):
+        choose_lr(LRS, {0: {0.001: 3.0}})
+
+
+def test_the_set_noise_is_the_spread_of_log_val_less_log_test():
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 0.01, 12)
+    points = [Point("d", "llama", "nano", i % 3, LRS[i % 4], 30.0 * math.exp(e), 31.0)
+              for i, e in enumerate(noise)]
+    assert set_noise(points) == pytest.approx(float(np.std(noise, ddof=1)), rel=1e-9)
+    assert set_noise(points[:2]) is None

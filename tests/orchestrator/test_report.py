@@ -1,5 +1,7 @@
 """The claims report: claims name real variants, intervals follow the t formula, verdicts follow
-the intervals, and REPORT.md with its figures is written from a real ledger."""
+the intervals, each arm's learning rate is chosen once on its tuning seeds and tested on fresh
+seeds' trained models, one pooled regression per comparison decides it, and REPORT.md with its
+figures is written from a real ledger."""
 
 import datetime as dt
 import math
@@ -8,12 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from mlflow import MlflowClient
 from scipy.stats import t as student_t
+from scipy.stats import ttest_ind
 
 from orchestrator.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
 from orchestrator.cli import main
 from orchestrator.ledger import Ledger, Status
+from orchestrator.plan import arm_cells
 from orchestrator.report import (
     TITLE_CHAR_EM,
     TITLE_POINTS,
@@ -28,7 +33,17 @@ from orchestrator.report import (
     wrap_title,
     write_report,
 )
+from orchestrator.results import (
+    arm_rows,
+    arm_steps,
+    evaluations,
+    experiment_rows,
+    format_seeds,
+    tuned_models,
+    tuning,
+)
 from orchestrator.spec import load_spec, parse_spec
+from orchestrator.table import format_table
 from orchestrator.verdicts import (
     CONTRADICTS,
     EQUIVALENT,
@@ -39,6 +54,7 @@ from orchestrator.verdicts import (
     Sample,
     combine,
     holm_levels,
+    mde_se,
     verdict,
 )
 
@@ -139,49 +155,6 @@ def _seed_ledger(tmp_path, spec, offsets: dict[str, list[float]]) -> Ledger:
     return ledger
 
 
-def test_effects_are_paired_by_seed_at_the_lr_chosen_on_validation(tmp_path):
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
-                       "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
-                       "learning_rates": LRS})
-    ledger = _seed_ledger(tmp_path, spec, {"llama": [0.0, 0.1, -0.05],
-                                           "cem-attn": [0.03, 0.13, -0.02]})
-    claim = Claim("x", "CEM within 5 %", "quote", "Sec. 0", "fig0",
-                  (Comparison("cem-attn", "llama", "not_worse", 0.05),
-                   Comparison("cem-attn", "llama")))
-    result = evaluate(claim, spec, ledger)
-    within, better = result.effects
-    # Independently: the optimum is LR 0.002 for every seed, so the effect is the offsets' ratio.
-    expected = [1.03 / 1.0 - 1, 1.13 / 1.1 - 1, 0.98 / 0.95 - 1]
-    assert within.seeds == (0, 1, 2)
-    assert within.per_seed == pytest.approx(expected, rel=1e-6)
-    assert within.nearest == pytest.approx(expected, rel=1e-6)  # 0.002 was trained
-    assert within.verdict == SUPPORTS  # about +2.8 % +- 0.4 %: below the 5 % margin
-    assert better.verdict == CONTRADICTS  # and surely worse than Llama
-    assert result.verdict == MIXED  # within 5 %, yet worse: the comparisons disagree
-    # Holm over the two: the smaller p (better's, far from 0) at 0.025, the other at 0.05
-    assert sorted([within.alpha, better.alpha]) == pytest.approx([0.025, 0.05])
-    assert [a["variant"] for a in result.arms] == ["cem-attn", "llama"]
-    assert result.arms[1]["LR (val)"].startswith("2.00e-03")
-    assert result.arms[1]["at grid edge"] == "0 of 3" and result.at_edge == ()
-    # A seed one arm lacks is left out of the pairs.
-    for row in ledger.trials(1)[:3]:  # llama, seed 0, every LR
-        ledger.update_trial(row.id, status=Status.FAILED)
-    assert evaluate(claim, spec, ledger).effects[0].seeds == (1, 2)
-    assert len(missing_trials(spec, ledger)) == 3
-    # A seed whose grid is part-finished is left out too, and said: on LRs {0.001, 0.002}
-    # alone, the optimum would sit at the edge 0.002 and be compared as if chosen on the grid.
-    cem_seed_1 = [r for r in ledger.trials(1) if r.variant == "cem-attn" and r.seed == 1]
-    ledger.update_trial(cem_seed_1[-1].id, status=Status.RUNNING)  # LR 0.004 not finished
-    partial = evaluate(claim, spec, ledger)
-    assert partial.effects[0].seeds == (2,)
-    assert partial.incomplete == ("cem-attn@nano (shakespeare) seed 1: 2 of 3 learning rates "
-                                  "finished (not 0.004), left out",
-                                  "llama@nano (shakespeare) seed 0: every learning rate "
-                                  "diverged, left out")
-    path = write_report([partial], tmp_path / "out", "cpu", "experiments/paper/")
-    assert "- Incomplete: cem-attn@nano (shakespeare) seed 1: 2 of 3" in path.read_text()
-
-
 def _test_time_study(tmp_path):
     """A CEM arm trained at T = 2 over ``LRS`` and 3 seeds, each trial's MLflow run (a SQLite
     store in ``tmp_path``) holding its test perplexity at T_eval = 2 and, 3 % better at every
@@ -198,22 +171,6 @@ def _test_time_study(tmp_path):
         client.log_metric(run_id, "test_time/T4_scaled/perplexity", 0.97 * row.metric)
         ledger.update_trial(row.id, mlflow_run_id=run_id)
     return spec, ledger, client
-
-
-def test_a_test_time_arm_reads_the_trained_model_nearest_the_chosen_lr_from_mlflow(tmp_path):
-    spec, ledger, client = _test_time_study(tmp_path)
-    claim = Claim("j", "More steps at test time", "quote", "Sec. 0", "fig0",
-                  (Comparison("cem@T4_scaled", "cem@T2_kept"), Comparison("cem@T8_kept", "cem")))
-    result = evaluate(claim, spec, ledger, lambda run_id: client.get_run(run_id).data.metrics)
-    (effect,) = result.effects  # T8 was never evaluated: that comparison has no seeds
-    assert effect.seeds == (0, 1, 2) and effect.per_seed == pytest.approx([-0.03] * 3)
-    assert effect.verdict == SUPPORTS
-    # the values are the trained model's at LR 0.002 (the validation optimum), not interpolated
-    trained = {r.seed: r.metric for r in ledger.trials(1) if r.lr == 0.002}
-    assert result.tests[("shakespeare", "nano", "cem@T2_kept")] == [trained[s] for s in range(3)]
-    row = next(a for a in result.arms if a["variant"] == "cem@T4_scaled")
-    assert row["LR (val)"].startswith("2.00e-03") and row["seeds"] == 3
-    assert evaluate(claim, spec, ledger).effects == ()  # no MLflow: no test-time seeds
 
 
 def test_the_report_and_its_figures_are_written(tmp_path):
@@ -284,6 +241,9 @@ def test_the_report_says_how_each_claim_sets_its_learning_rates():
     assert lr_protocol(parse_spec({**base, "learning_rates": {
         "grid": [0.001, 0.002, 0.004], "max_points": 6}})) == (
         "own optimum on 0.001..0.004 (3), adapting to 6")
+    assert lr_protocol(parse_spec({**base, "learning_rates": {
+        "grid": [0.001, 0.002, 0.004], "max_points": 6, "eval_seeds": [5, 6]}})) == (
+        "own optimum on 0.001..0.004 (3), adapting to 6; tested on 2 fresh seeds there")
 
 
 def test_report_without_runs_marks_every_claim_not_run(tmp_path, monkeypatch, capsys):
@@ -320,7 +280,10 @@ def test_a_token_ladder_draws_each_arm_against_its_specs_tokens(tmp_path):
         ledger = _seed_ledger(tmp_path, s, {"t1": [0.0, 0.0], "t2": t2})  # one ledger
         results.append(evaluate(claim, s, ledger))
     assert results[1].tests[("shakespeare", "nano", "t2")] == pytest.approx([91.8, 81.6])
-    assert results[0].effects[0].per_seed == pytest.approx([0.1, 0.2])
+    # one LR, no evaluation seeds: the tuning seeds' models; the log ratio of their means
+    assert results[0].effects[0].source == "tuning"
+    assert results[0].effects[0].estimate == pytest.approx(
+        (math.log(1.1) + math.log(1.2)) / 2, rel=1e-9)
     assert not ladder_figure(results[:1], tmp_path / "one.png")  # one budget: no ladder
     assert not (tmp_path / "one.png").exists()
     ladder = ClaimSet("study", "A study", tuple(claims), ladder=("x1", "x4"))
@@ -366,34 +329,165 @@ def test_a_long_claim_title_is_drawn_inside_the_png(tmp_path):
     assert not ink[:, :3].any() and not ink[:, -3:].any()
 
 
-def _effects_ledger(tmp_path, spec, effects: dict[str, list[float]]) -> Ledger:
-    """``_seed_ledger`` with llama's offsets 0, 0.1, -0.05, ... and each other variant's set
-    so that its effect against llama at the validation optimum is exactly ``effects[v][seed]``."""
-    n = len(next(iter(effects.values())))
-    base = [(0.0, 0.1, -0.05)[s % 3] for s in range(n)]
-    return _seed_ledger(tmp_path, spec, {"llama": base, **{
-        v: [(1 + b) * (1 + e) - 1 for b, e in zip(base, es, strict=True)]
-        for v, es in effects.items()}})
+def _row(ledger, exp_id, variant, seed, lr, status=Status.FINISHED, val=None, lr_round=None):
+    row = ledger.ensure_trial(exp_id, f"{variant}-{seed}-{lr}", dataset="shakespeare",
+                              variant=variant, size="nano", lr=lr, seed=seed, lr_round=lr_round)
+    val = 100 * (1 + math.log2(lr / 0.002) ** 2 / 10) if val is None else val
+    ledger.update_trial(row.id, status=status, val_metric=val, metric=1.02 * val)
+
+
+
+
+def _spec(variants, sizes=("nano",), seeds=(0, 1, 2), eval_seeds=(5, 6, 7), grid=None):
+    """A spec of ``variants`` with a fixed grid ``LRS`` (or ``grid``, a learning_rates mapping)
+    and evaluation seeds."""
+    lrs = grid or {"grid": LRS, "extend": False, "eval_seeds": list(eval_seeds)}
+    return parse_spec({"name": "claims", "sizes": list(sizes), "seeds": list(seeds),
+                       "variants": variants, "learning_rates": lrs})
+
+
+def _val(lr: float, best: float = 0.002, level: float = 100.0) -> float:
+    return level * (1 + math.log2(lr / best) ** 2 / 10)
+
+
+def _pooled_ledger(tmp_path, spec, tests: dict[tuple[str, str], list[float]],
+                   best: dict[int, float] | None = None, tune_test: float = 1e6,
+                   name: str = "ledger.db") -> Ledger:
+    """Tuning rows of every arm, size and tuning seed at every LR of ``LRS`` (validation
+    ``_val`` with seed s's optimum at ``best[s]``, default 0.002; test ``tune_test``, never read
+    once evaluation seeds finished) and evaluation rows at 0.002: ``tests[(variant, size)]``
+    lists the test metric of each evaluation seed, in the spec's order."""
+    best = best or {}
+    ledger = Ledger(f"sqlite:///{tmp_path / name}")
+    exp = ledger.ensure_experiment(spec.name, "language_model", "")
+    for size in spec.sizes:
+        for variant in spec.variants:
+            for seed in spec.seeds:
+                for lr in LRS:
+                    row = ledger.ensure_trial(exp.id, f"{variant}-{size}-{seed}-{lr}",
+                                              dataset="shakespeare", variant=variant, size=size,
+                                              lr=lr, seed=seed)
+                    ledger.update_trial(row.id, status=Status.FINISHED, metric=tune_test,
+                                        val_metric=_val(lr, best.get(seed, 0.002)))
+            for seed, test in zip(spec.eval_seeds, tests.get((variant, size), ()), strict=False):
+                row = ledger.ensure_trial(exp.id, f"{variant}-{size}-{seed}-eval",
+                                          dataset="shakespeare", variant=variant, size=size,
+                                          lr=0.002, seed=seed)
+                ledger.update_trial(row.id, status=Status.FINISHED, metric=test,
+                                    val_metric=test)
+    return ledger
+
+
+def _two_sample(t_arm, c_arm):
+    """The log ratio of two arms' test metrics, unpaired: the difference of mean logs, its
+    pooled-variance standard error and degrees of freedom (scipy's ``ttest_ind``)."""
+    lt, lc = np.log(t_arm), np.log(c_arm)
+    ref = ttest_ind(lt, lc)
+    est = lt.mean() - lc.mean()
+    return est, est / ref.statistic, len(lt) + len(lc) - 2
+
+
+LLAMA = [50.0, 50.2, 49.8]
+CEM = [51.0, 51.1, 50.7]
+
+
+def test_the_lr_is_chosen_once_per_arm_and_fresh_seeds_are_tested_there(tmp_path):
+    """The tuning seeds disagree on their own optimum; the arm takes the trained LR of lowest
+    mean log validation and its evaluation seeds' models there decide, as a log ratio of the
+    arms' unpaired test metrics; the tuning seeds' test metrics (1e6) are never read."""
+    spec = _spec({"llama": {}, "cem-attn": {"attention": "cem"}})
+    best = {0: 0.0011, 1: 0.0021, 2: 0.0019}
+    ledger = _pooled_ledger(tmp_path, spec, {("llama", "nano"): LLAMA,
+                                             ("cem-attn", "nano"): CEM}, best)
+    exp = ledger.experiment("claims")
+    stale = ledger.ensure_trial(exp.id, "stale", dataset="shakespeare", variant="llama",
+                                size="nano", lr=0.004, seed=5)  # before the choice moved
+    ledger.update_trial(stale.id, status=Status.FINISHED, metric=1e9, val_metric=1e9)
+    claim = Claim("x", "CEM within 5 %", "quote", "Sec. 0", "fig0",
+                  (Comparison("cem-attn", "llama", "not_worse", 0.05),
+                   Comparison("cem-attn", "llama")))
+    result = evaluate(claim, spec, ledger)
+    means = {lr: statistics.fmean(math.log(_val(lr, b)) for b in best.values()) for lr in LRS}
+    chosen = min(means, key=means.get)
+    assert chosen == 0.002
+    assert [(a["variant"], a["LR (chosen)"], a["tuning seeds"], a["test seeds"])
+            for a in result.arms] == [("cem-attn", "0.002", 3, "3 evaluation"),
+                                      ("llama", "0.002", 3, "3 evaluation")]
+    assert result.tests[("shakespeare", "nano", "llama")] == LLAMA
+    within, better = result.effects
+    est, se, df = _two_sample(CEM, LLAMA)
+    assert within.source == "evaluation" and within.fit.df == df == 4
+    assert within.estimate == pytest.approx(est, rel=1e-9)
+    assert within.fit.se == pytest.approx(se, rel=1e-9)
+    # Holm over the two, each at its own test: not worse by log(1.05), better than 0
+    p_within = 2 * student_t.sf(abs(est - math.log(1.05)) / se, df)
+    p_better = 2 * student_t.sf(abs(est) / se, df)
+    assert [within.alpha, better.alpha] == pytest.approx(holm_levels([p_within, p_better]))
+    assert within.ci[1] == pytest.approx(est + student_t.ppf(1 - within.alpha / 2, df) * se)
+    assert within.verdict == SUPPORTS  # about +1.9 %: below the 5 % margin
+    assert better.verdict == CONTRADICTS  # and surely worse than Llama
+    assert result.verdict == MIXED  # within 5 %, yet worse: the comparisons disagree
+    assert any("learning rate 0.004, not the chosen 0.002, not used" in n for n in result.notes)
+    # the log ratio is antisymmetric: the other way round, the same effect negated
+    back = evaluate(Claim("y", "y", "q", "Sec. 0", "fig0", (Comparison("llama", "cem-attn"),)),
+                    spec, ledger).effects[0]
+    assert back.estimate == pytest.approx(-within.estimate, rel=1e-12)
+    # an evaluation trial not finished is missing, at its arm's chosen learning rate
+    row = next(r for r in ledger.trials(exp.id) if r.trial_hash == "cem-attn-nano-7-eval")
+    ledger.update_trial(row.id, status=Status.RUNNING)
+    assert [(t.variant, t.lr, t.seed) for t in missing_trials(spec, ledger)] == [
+        ("cem-attn", 0.002, 7)]
+
+
+def test_without_evaluated_seeds_the_tuning_seeds_models_are_read_and_said(tmp_path):
+    spec = _spec({"llama": {}, "cem-attn": {"attention": "cem"}})
+    ledger = _pooled_ledger(tmp_path, spec, {}, tune_test=40.0)
+    claim = Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("cem-attn", "llama"),))
+    result = evaluate(claim, spec, ledger)
+    (e,) = result.effects
+    assert e.source == "tuning" and e.fit.n == 6
+    assert result.tests[("shakespeare", "nano", "llama")] == [40.0] * 3  # trained at 0.002
+    text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
+    assert ("- Tuning seeds: cem-attn vs llama (lower) reads the models its learning rates were "
+            "chosen on: its evaluation seeds have not run.") in text
+    assert len(missing_trials(spec, ledger)) == 2 * 3  # both arms' evaluation seeds
+
+
+def test_a_test_time_arm_reads_the_same_trained_models_paired_by_seed(tmp_path):
+    spec, ledger, client = _test_time_study(tmp_path)
+    claim = Claim("j", "More steps at test time", "quote", "Sec. 0", "fig0",
+                  (Comparison("cem@T4_scaled", "cem@T2_kept"), Comparison("cem@T8_kept", "cem")))
+    result = evaluate(claim, spec, ledger, lambda run_id: client.get_run(run_id).data.metrics)
+    (effect,) = result.effects  # T8 was never evaluated: that comparison has no models
+    assert effect.fit.paired and effect.fit.n == 6 and effect.fit.df == 2
+    assert effect.estimate == pytest.approx(math.log(0.97), rel=1e-9)
+    assert effect.verdict == SUPPORTS
+    # the values are the trained models' at LR 0.002 (the validation optimum), not interpolated
+    trained = {r.seed: r.metric for r in ledger.trials(1) if r.lr == 0.002}
+    assert result.tests[("shakespeare", "nano", "cem@T2_kept")] == [trained[s] for s in range(3)]
+    assert evaluate(claim, spec, ledger).effects == ()  # no MLflow: no test-time models
 
 
 def test_holm_takes_an_equivalence_comparisons_tost_p(tmp_path):
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
-                       "variants": {"llama": {}, "same": {"attention": "cem"},
-                                    "lower": {"mlp": "cem"}}, "learning_rates": LRS})
-    same, lower = [0.001, -0.001, 0.0005], [-0.05, -0.03, -0.07]
-    ledger = _effects_ledger(tmp_path, spec, {"same": same, "lower": lower})
+    spec = _spec({"llama": {}, "same": {"attention": "cem"}, "lower": {"mlp": "cem"}},
+                 eval_seeds=(5, 6, 7, 8, 9))
+    llama = [100 * math.exp(d) for d in (0.0, 0.001, -0.001, 0.0005, -0.0005)]
+    same = [100 * math.exp(d) for d in (0.0002, -0.0008, 0.0011, -0.0004, 0.0001)]
+    lower = [95 * math.exp(d) for d in (0.03, -0.04, 0.02, -0.01, 0.0)]
+    ledger = _pooled_ledger(tmp_path, spec, {("llama", "nano"): llama, ("same", "nano"): same,
+                                             ("lower", "nano"): lower})
     claim = Claim("x", "x", "q", "Sec. 0", "fig0",
                   (Comparison("same", "llama", "equivalent"), Comparison("lower", "llama")))
     eq, better = evaluate(claim, spec, ledger).effects
-    # independently: TOST's p of `same` (±1 %) and the t-test's p of `lower`
-    se = statistics.stdev(same) / math.sqrt(3)
-    p_tost = max(student_t.sf((statistics.fmean(same) + 0.01) / se, 2),
-                 student_t.cdf((statistics.fmean(same) - 0.01) / se, 2))
-    p_lower = 2 * student_t.sf(abs(statistics.fmean(lower)) / (statistics.stdev(lower)
-                                                                / math.sqrt(3)), 2)
-    assert p_tost < 0.025 < p_lower <= 0.05  # Holm: TOST first at 0.025, then 0.05
-    assert (eq.alpha, better.alpha) == pytest.approx((0.025, 0.05))
-    assert eq.verdict == SUPPORTS and eq.coverage == pytest.approx(0.95)  # TOST's 1 - 2 alpha
+    # independently: TOST's p of `same` (±log 1.01) and the t-test's p of `lower`
+    est, se, df = _two_sample(same, llama)
+    margin = math.log(1.01)
+    p_tost = max(student_t.sf((est + margin) / se, df), student_t.cdf((est - margin) / se, df))
+    low, se_low, _ = _two_sample(lower, llama)
+    p_lower = 2 * student_t.sf(abs(low) / se_low, df)
+    assert [eq.alpha, better.alpha] == pytest.approx(holm_levels([p_tost, p_lower]))
+    assert eq.verdict == SUPPORTS and eq.coverage == pytest.approx(1 - 2 * eq.alpha)
+    assert eq.mde <= margin  # the margin is within the design's reach
 
 
 def _row(ledger, exp_id, variant, seed, lr, status=Status.FINISHED, val=None, lr_round=None):
@@ -403,10 +497,10 @@ def _row(ledger, exp_id, variant, seed, lr, status=Status.FINISHED, val=None, lr
     ledger.update_trial(row.id, status=status, val_metric=val, metric=1.02 * val)
 
 
-def test_every_seed_needs_the_lrs_a_bracket_added_and_a_diverged_lr_keeps_its_seed(tmp_path):
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2, 3],
-                       "variants": {"llama": {}}, "learning_rates": {"grid": LRS,
-                                                                     "max_points": 5}})
+def test_every_tuning_seed_needs_the_lrs_a_bracket_added_and_evaluation_seeds_need_none(
+        tmp_path):
+    spec = _spec({"llama": {}}, seeds=(0, 1, 2, 3), eval_seeds=(7, 8),
+                 grid={"grid": LRS, "max_points": 6, "eval_seeds": [7, 8]})
     ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     exp = ledger.ensure_experiment(spec.name, "language_model", "")
     for seed in range(4):
@@ -417,9 +511,12 @@ def test_every_seed_needs_the_lrs_a_bracket_added_and_a_diverged_lr_keeps_its_se
         # failed (counted as diverged)
         status = {2: Status.PENDING, 3: Status.FAILED}.get(seed, Status.FINISHED)
         _row(ledger, exp.id, "llama", seed, 0.008, status, lr_round=1)
+    for seed in (7, 8):  # evaluation seeds: one LR each, the chosen one
+        _row(ledger, exp.id, "llama", seed, 0.002)
+    _row(ledger, exp.id, "llama", 7, 0.016)  # reachable by the bracket, never chosen
+    assert {r.lr for r in experiment_rows(spec, ledger) if r.seed == 7} == {0.002, 0.016}
     claim = Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("llama", "llama"),))
     result = evaluate(claim, spec, ledger)
-    assert result.effects[0].seeds == (0, 1, 3)  # seed 2 lacks the added LR; 1 and 3 stay
     assert result.incomplete == ("llama@nano (shakespeare) seed 2: 3 of 4 learning rates "
                                  "finished (not 0.008), left out",)
     assert result.diverged == (
@@ -427,25 +524,49 @@ def test_every_seed_needs_the_lrs_a_bracket_added_and_a_diverged_lr_keeps_its_se
         "validation loss (never chosen)",
         "llama@nano (shakespeare) seed 3: learning rate 0.008 diverged, counted as infinite "
         "validation loss (never chosen)")
+    (arm,) = result.arms  # 0.004 and 0.008 diverged on a kept seed: never chosen
+    assert (arm["LR (chosen)"], arm["LRs"], arm["tuning seeds"], arm["test seeds"]) == (
+        "0.002", 4, 3, "2 evaluation")
+    assert result.effects == ()  # llama against itself: no contrast
+    # not finished: seed 2's added LR (pending) and seed 3's (failed: run trains it again)
+    assert [(t.lr, t.seed) for t in missing_trials(spec, ledger)] == [(0.008, 2), (0.008, 3)]
     text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
     assert "- Diverged: llama@nano (shakespeare) seed 1: learning rate 0.004" in text
+    assert "evaluation trials at learning rate 0.016, not the chosen 0.002, not used" in text
 
 
-def test_the_effect_column_gives_the_verdicts_interval_and_sd_apart(tmp_path, monkeypatch):
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
-                       "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
-                       "learning_rates": LRS})
-    effects = [-0.10, -0.12, -0.11]
-    ledger = _effects_ledger(tmp_path, spec, {"cem-attn": effects})
+def test_an_arm_whose_choice_is_the_grid_edge_says_it_is_no_optimum(tmp_path):
+    spec = _spec({"llama": {}, "cem-attn": {"attention": "cem"}})
+    ledger = _pooled_ledger(tmp_path, spec, {}, best={0: 0.01, 1: 0.01, 2: 0.01},
+                            tune_test=40.0)
+    result = evaluate(Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("cem-attn", "llama"),)),
+                      spec, ledger)
+    assert result.arms[0]["LR (chosen)"] == "0.004 edge"
+    assert result.at_edge[0] == ("cem-attn@nano (shakespeare): learning rate 0.004 is the "
+                                 "largest of the 3 it trained: no optimum")
+
+
+def test_the_effect_column_gives_the_pooled_log_ratio_its_interval_mde_and_trend(
+        tmp_path, monkeypatch):
+    sizes = ("pico", "nano", "tiny")
+    spec = _spec({"llama": {}, "cem-attn": {"attention": "cem"}}, sizes=sizes)
+    rng = np.random.default_rng(8)
+    tests = {(v, s): list(np.exp(np.log(40.0 * (1.1 if v == "cem-attn" else 1.0))
+                                 + rng.normal(0, 0.02, 3)))
+             for v in spec.variants for s in sizes}
+    ledger = _pooled_ledger(tmp_path, spec, tests)
     claim = Claim("x", "x", "q", "Sec. 0", "fig0",
                   (Comparison("cem-attn", "llama"), Comparison("cem-attn", "llama", "not_worse",
                                                                0.05)), equivalence=0.03,
                   equivalence_why="a reason")
     result = evaluate(claim, spec, ledger)
-    e = min(result.effects, key=lambda e: e.alpha)  # two comparisons, both rejected
-    mean, sd = statistics.fmean(effects), statistics.stdev(effects)
-    half = student_t.ppf(1 - e.alpha / 2, 2) * sd / math.sqrt(3)
-    assert sorted(x.alpha for x in result.effects) == pytest.approx([0.025, 0.05])
+    e = min(result.effects, key=lambda e: e.alpha)
+    # independently: the mean over sizes of the difference of mean logs
+    d = [np.log(tests[("cem-attn", s)]).mean() - np.log(tests[("llama", s)]).mean()
+         for s in sizes]
+    assert e.estimate == pytest.approx(float(np.mean(d)), rel=1e-9)
+    assert e.fit.df == 2 * 3 * 3 - 3 - 2 and e.fit.slope is not None
+    half = student_t.ppf(1 - e.alpha / 2, e.fit.df) * e.fit.se
     drawn = {}
 
     def save(plt, fig, path):
@@ -455,46 +576,139 @@ def test_the_effect_column_gives_the_verdicts_interval_and_sd_apart(tmp_path, mo
 
     monkeypatch.setattr("orchestrator.report._save_png", save)
     text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
-    assert f"{100 * mean:+.1f}% [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]" in text
+    pct = [100 * math.expm1(x) for x in (e.estimate, e.estimate - half, e.estimate + half)]
+    assert f"{pct[0]:+.1f}% [{pct[1]:+.1f}, {pct[2]:+.1f}]" in text
     effect_table = text.split("```")[1].strip().split("\n\n")[0]
-    assert "sd (seeds)" in effect_table and f"{100 * sd:.1f}%" in effect_table
-    assert "±" not in effect_table.replace("±3%", "")  # no ± beside the effect, only the margin
-    assert "Holm-adjusted interval (level per row)" in drawn["label"]  # not "95 %"
-    assert {t.rsplit(", ", 1)[1] for t in drawn["ticks"]} == {"97.5 %", "95 %"}
-    one = evaluate(Claim("y", "y", "q", "Sec. 0", "fig0", claim.comparisons[:1]), spec, ledger)
-    figure(one, tmp_path / "one.png")
-    assert "bars: Holm-adjusted 95 % intervals" in drawn["label"]
-    # the margin is the claim's, stated with its reason, and the MDE beside the effect
+    for column in ("per 2x N", "sd (resid.)", "MDE (80 %)", "seeds for margin"):
+        assert column in effect_table
+    assert f"{100 * e.fit.sd:.1f}%" in effect_table
+    assert f"{100 * math.expm1(e.mde):.1f}%" in effect_table
+    assert "per size (detail, not a verdict):" in text and text.count("nano") >= 2
+    assert "Holm-adjusted interval (level per row)" in drawn["label"]
+    assert {t.rsplit(", ", 1)[1] for t in drawn["ticks"]} == {
+        f"{100 * (1 - a):.3g} %" for a in sorted(x.alpha for x in result.effects)}
     assert e.margin == 0.03 and "- Equivalence margin: ±3 % (a reason)." in text
-    assert "MDE (80 %)" in text and f"{100 * e.mde:.1f}%" in text
+    # the effect's trend over sizes: per doubling of the control's parameter count
+    assert e.fit.slope_se > 0 and f"{100 * math.expm1(e.fit.slope * math.log(2)):+.1f}%" in text
 
 
-def test_a_margin_below_the_mde_is_said_unreachable(tmp_path):
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": [0, 1, 2],
-                       "variants": {"llama": {}, "cem-attn": {"attention": "cem"}},
-                       "learning_rates": LRS})
-    ledger = _effects_ledger(tmp_path, spec, {"cem-attn": [0.02, -0.01, 0.005]})
+def test_a_margin_below_the_mde_cannot_show_equivalence_and_says_how_many_seeds_would(
+        tmp_path):
+    spec = _spec({"llama": {}, "cem-attn": {"attention": "cem"}})
+    ledger = _pooled_ledger(tmp_path, spec, {("llama", "nano"): LLAMA,
+                                             ("cem-attn", "nano"): [50.5, 51.0, 49.0]})
     result = evaluate(Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("cem-attn", "llama"),)),
                       spec, ledger)
     (e,) = result.effects
-    assert e.verdict == UNDERPOWERED and e.margin_unreachable and e.seeds_needed > 3
+    assert e.verdict == UNDERPOWERED and e.margin_unreachable
+    # the closed form of one size, two arms of n seeds: se = sd sqrt(2 / n), df = 2 n - 2
+    target, n = math.log(1.01), e.seeds_needed
+    assert mde_se(e.fit.sd * math.sqrt(2 / n), 2 * n - 2, e.alpha) <= target
+    assert mde_se(e.fit.sd * math.sqrt(2 / (n - 1)), 2 * n - 4, e.alpha) > target
     text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
-    assert (f"- Margin unreachable: cem-attn vs llama (lower) (shakespeare, nano): ±1 % lies "
-            f"below the minimum detectable effect {100 * e.mde:.1f} % of 3 seeds") in text
-    assert f"{e.seeds_needed} seeds would reach it" in text
+    assert (f"- Cannot show equivalence: cem-attn vs llama (lower): its margin ±1 % lies below "
+            f"the minimum detectable effect {100 * math.expm1(e.mde):.1f} % of this design (3 "
+            f"evaluation seeds per arm and size over 1 size(s), residual sd "
+            f"{100 * e.fit.sd:.1f} %); {n} seeds per arm and size would reach it.") in text
+
+
+def _simulated_spec(effects: dict[str, tuple[float, float]], sizes, n_eval: int) -> dict:
+    """The spec (a mapping) of llama and the variants of ``effects`` at ``sizes``, 3 tuning
+    seeds over ``LRS`` and ``n_eval`` evaluation seeds from 10."""
+    return {"name": "claims", "sizes": list(sizes), "seeds": [0, 1, 2],
+            "variants": {"llama": {}, **{v: {"attention": "cem", "attn_steps": i + 1}
+                                         for i, v in enumerate(effects)}},
+            "learning_rates": {"grid": LRS, "extend": False,
+                               "eval_seeds": list(range(10, 10 + n_eval))}}
+
+
+def _simulated(tmp_path, rng, data: dict, effects: dict[str, tuple[float, float]], sd: float):
+    """A ledger of the spec ``data`` (``_simulated_spec``): its tuning seeds with noisy
+    validation bowls (optima near 0.002), its evaluation seeds at 0.002 with log test = size
+    level + effect + trend x + N(0, sd), ``effects`` mapping a variant to (its log ratio at the
+    sizes' geometric-mean N, its change per unit of log N), x the size's log N (llama's) less
+    their mean; returns the spec and the ledger."""
+    spec = parse_spec(data)
+    logn = {s: math.log(cell(0.002, 0).params["total"])
+            for (_, v, s), cell in arm_cells(spec).items() if v == "llama"}
+    centre = statistics.fmean(logn.values())
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    exp = ledger.ensure_experiment(spec.name, "language_model", "")
+    for i, size in enumerate(spec.sizes):
+        for variant in spec.variants:
+            shift, trend = effects.get(variant, (0.0, 0.0))
+            for seed in spec.seeds:
+                for lr in LRS:
+                    val = _val(lr) * math.exp(rng.normal(0, 0.003))
+                    row = ledger.ensure_trial(exp.id, f"{variant}-{size}-{seed}-{lr}",
+                                              dataset="shakespeare", variant=variant,
+                                              size=size, lr=lr, seed=seed)
+                    ledger.update_trial(row.id, status=Status.FINISHED, val_metric=val,
+                                        metric=val * math.exp(rng.normal(0, 0.003)))
+            for seed in spec.eval_seeds:
+                y = 4.0 - 0.3 * i + shift + trend * (logn[size] - centre) + rng.normal(0, sd)
+                row = ledger.ensure_trial(exp.id, f"{variant}-{size}-{seed}-eval",
+                                          dataset="shakespeare", variant=variant, size=size,
+                                          lr=0.002, seed=seed)
+                ledger.update_trial(row.id, status=Status.FINISHED, metric=math.exp(y),
+                                    val_metric=math.exp(y))
+    return spec, ledger
 
 
 def test_a_simulated_known_effect_is_recovered_from_the_ledger(tmp_path):
-    """Ten seeds of a true effect of +8 % (sd 2 %) and of none (sd 0.2 %), through the ledger,
-    the LR choice and the verdicts."""
-    rng = np.random.default_rng(2024)
-    spec = parse_spec({"name": "claims", "sizes": ["nano"], "seeds": list(range(10)),
-                       "variants": {"llama": {}, "worse": {"attention": "cem"},
-                                    "same": {"mlp": "cem"}}, "learning_rates": LRS})
-    ledger = _effects_ledger(tmp_path, spec, {"worse": list(rng.normal(0.08, 0.02, 10)),
-                                              "same": list(rng.normal(0.0, 0.002, 10))})
+    """Three sizes, 10 evaluation seeds per arm: a treatment 8 % worse at the geometric-mean N
+    whose gap shrinks by 0.02 per unit of log N, and one with no effect, through the ledger,
+    the LR choice, the pooled regression and the verdicts."""
+    rng = np.random.default_rng(1)
+    truth = {"worse": (math.log(1.08), -0.02), "same": (0.0, 0.0)}
+    spec, ledger = _simulated(tmp_path, rng, _simulated_spec(truth, ("pico", "nano", "tiny"), 10),
+                              truth, sd=0.004)
     claim = Claim("x", "x", "q", "Sec. 0", "fig0", (Comparison("worse", "llama"),
                                                     Comparison("same", "llama")))
-    worse, same = evaluate(claim, spec, ledger).effects
+    result = evaluate(claim, spec, ledger)
+    worse, same = result.effects
     assert worse.verdict == CONTRADICTS and same.verdict == EQUIVALENT
-    assert worse.mean == pytest.approx(0.08, abs=0.02)
+    assert result.verdict == MIXED
+    for e, (effect, trend) in zip((worse, same), truth.values(), strict=True):
+        assert e.ci[0] < effect < e.ci[1]
+        assert abs(e.fit.slope - trend) < 4 * e.fit.slope_se
+        assert e.fit.sd == pytest.approx(0.004, rel=0.3)
+        assert e.source == "evaluation" and e.seeds == (10, 10) and len(e.fit.blocks) == 3
+    assert all(a["LR (chosen)"] == "0.002" for a in result.arms)
+
+
+def test_the_seeds_diagnostic_prints_each_arms_seed_spread_at_the_chosen_lr(
+        tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(6)
+    data = _simulated_spec({"cem": (0.05, 0.0)}, ("nano",), 4)
+    spec, ledger = _simulated(tmp_path, rng, data, {"cem": (0.05, 0.0)}, sd=0.01)
+    rows = experiment_rows(spec, ledger)
+    tuned = tuning(spec, rows)
+    models = {**tuned_models(rows, tuned), **evaluations(spec, rows, tuned)[0]}
+    steps = arm_steps(spec)
+    table = {r["variant"]: r for r in arm_rows(tuned, models, detail=True, steps=steps,
+                                               sequences=spec.training.eval_sequences)}
+    cem = table["cem"]
+    eval_logs = [math.log(r.metric) for r in rows if r.variant == "cem" and r.seed >= 10]
+    tune = [r for r in rows if r.variant == "cem" and r.seed < 10]
+    at = [math.log(r.val_metric) for r in tune if r.lr == 0.002]
+    noise = statistics.stdev(math.log(r.val_metric) - math.log(r.metric) for r in tune)
+    assert cem["LR (chosen)"] == "0.002" and cem["test seeds"] == "4 evaluation"
+    assert cem["seed sd (log test)"] == f"{100 * statistics.stdev(eval_logs):.2f}%"
+    assert cem["val sd (seeds)"] == f"{100 * statistics.stdev(at):.2f}%"
+    assert cem["val-set noise <="] == f"{100 * noise:.2f}%"
+    means = {lr: statistics.fmean(math.log(r.val_metric) for r in tune if r.lr == lr)
+             for lr in LRS}
+    gap = sorted(means.values())[1] - min(means.values())
+    z = gap / (math.sqrt(2) * noise)
+    assert cem["gap to runner-up"] == f"{100 * gap:.2f}%" and cem["z"] == f"{z:.2f}"
+    needed = math.ceil(spec.training.eval_sequences * (1.6448536269514722 / z) ** 2)
+    assert cem["val sequences for z>=1.64"] == needed
+    assert cem["steps"] == arm_cells(spec)[("shakespeare", "cem", "nano")](0.002, 0).steps
+    text = format_seeds(spec, rows)
+    assert format_table(list(table.values())) in text
+    spec_path = tmp_path / "claims.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("CEMLAB_LEDGER_URL", f"sqlite:///{tmp_path / 'ledger.db'}")
+    assert main(["seeds", str(spec_path)]) == 0
+    assert capsys.readouterr().out.strip() == text.strip()

@@ -92,3 +92,28 @@ def test_the_time_split_and_efficiency_summarise_finished_trials():
         "120 s in all); before that, 120 s queued for a slot of the grid; first train step "
         "12.5 s after submit")
     assert "no finished trial has logged them" in format_efficiency(trials[:0])
+
+
+def test_an_evaluation_seed_s_row_counts_at_any_lr_the_bracket_reaches(tmp_path):
+    """An evaluation seed trains at its arm's chosen learning rate, which a round may have
+    added: its row is on the grid there without a round of its own; a seed that neither tunes
+    nor evaluates is not, nor is an evaluation row at a learning rate no round reaches."""
+    spec = parse_spec({"name": "evals", "sizes": ["nano"], "variants": {"llama": {}},
+                       "seeds": [0, 1], "learning_rates": {"grid": [0.001, 0.002, 0.004],
+                                                           "max_points": 5,
+                                                           "eval_seeds": [7, 8]}})
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    exp = ledger.ensure_experiment("evals", "language_model", "")
+    point = {"dataset": "shakespeare", "variant": "llama", "size": "nano"}
+    kept = [ledger.ensure_trial(exp.id, "tune", lr=0.002, seed=0, **point),
+            ledger.ensure_trial(exp.id, "eval-grid", lr=0.002, seed=7, **point),
+            ledger.ensure_trial(exp.id, "eval-added", lr=0.008, seed=8, **point)]
+    ledger.ensure_trial(exp.id, "eval-far", lr=0.064, seed=8, **point)  # beyond max_points
+    ledger.ensure_trial(exp.id, "other-seed", lr=0.002, seed=3, **point)
+    ledger.ensure_trial(exp.id, "tune-unadded", lr=0.008, seed=1, **point)  # no round added it
+    assert [r.id for r in experiment_rows(spec, ledger)] == [r.id for r in kept]
+    text = format_status(spec, experiment_rows(spec, ledger), planned=6)
+    assert text.splitlines()[0] == (
+        "experiment evals: 6 trial(s) planned, 3 pending, 0 running, 0 finished, 0 failed, 5 "
+        "not yet submitted; and 2 evaluation trial(s) (seeds 7, 8 at each arm's chosen "
+        "learning rate, planned once its bracket settles), 2 of them in the ledger")

@@ -307,3 +307,20 @@ def test_compile_is_refused_only_where_the_plain_engine_trains():
         parse_spec({**gp, "engine": {"compile": True}}, "gp.yaml")
     lm = {"name": "lm", "sizes": ["nano"], "variants": {"llama": {}}, "engine": {"compile": True}}
     assert parse_spec(lm).engine.compile is True
+
+
+@pytest.mark.parametrize(("eval_seeds", "error"), [
+    ([5, 5], "learning_rates.eval_seeds: seeds must be distinct"),
+    ([1, 6], "learning_rates.eval_seeds: seed(s) 1 also tune (seeds): an evaluation seed must be "
+             "fresh"),
+    ([-1], "learning_rates.eval_seeds.0: Input should be greater than or equal to 0"),
+    ("five", "learning_rates.eval_seeds: Input should be a valid list")])
+def test_evaluation_seeds_are_fresh_and_distinct_in_one_line(eval_seeds, error):
+    data = {"name": "evals", "sizes": ["nano"], "variants": {"llama": {}}, "seeds": [0, 1, 2],
+            "learning_rates": {"grid": [0.001, 0.002], "eval_seeds": eval_seeds}}
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    assert str(caught.value) == f"spec: {error}"
+    data["learning_rates"]["eval_seeds"] = [5, 6]
+    assert parse_spec(data).eval_seeds == [5, 6]
+    assert parse_spec({**data, "learning_rates": [0.001, 0.002]}).eval_seeds == []
