@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from orchestrator.stacks import form_stacks
 from workloads.core.architecture import ModelConfig
 from workloads.core.trial import Trial
 from workloads.core.workload import Workload
@@ -28,30 +29,37 @@ def _measure(step: Callable[[], None], flops: float, repeats: int = 2) -> float:
     return flops * repeats / (time.perf_counter() - start)
 
 
-def achieved_flops_per_s(trial: Trial, workload: Workload) -> float:
+def achieved_flops_per_s(trial: Trial, workload: Workload, stack: int = 1) -> float:
     """Forward + backward FLOP/s that one worker of ``trial`` (``cpus_per_worker`` CPU threads,
-    or this machine's GPU) achieves on its model: one warm-up and two timed steps of the
-    workload's ``calibration_step`` on a micro-batch, fp32."""
+    or this machine's GPU) achieves on its model, ``stack`` of them as one stacked model: one
+    warm-up and two timed steps of the workload's ``calibration_step`` on a micro-batch,
+    fp32."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     previous = torch.get_num_threads()
     torch.set_num_threads(trial.resources.cpus_per_worker)
     try:
         step, flops = workload.calibration_step(
-            trial.config, trial.model, trial.micro_batch_size, device)
+            trial.config, trial.model, trial.micro_batch_size, device, stack=stack)
         return _measure(step, flops)
     finally:
         torch.set_num_threads(previous)
 
 
-def estimate_wall_s(trials: list[Trial], workload: Workload) -> dict[str, float]:
-    """Estimated wall seconds of every trial of ``workload``: its FLOPs over the calibrated FLOP/s
-    of one worker times the workers, plus ``TRIAL_OVERHEAD_S``. One calibration per distinct
-    model."""
-    rates: dict[ModelConfig, float] = {}
+def estimate_wall_s(trials: list[Trial], workload: Workload, slots: int = 1,
+                    ) -> dict[str, float]:
+    """Estimated wall seconds of every trial of ``workload``, in the stacks its trials train
+    in (``form_stacks`` with ``slots`` trials at once): each stack's FLOPs over the calibrated
+    FLOP/s of a stack of its size on one worker times the workers, plus ``TRIAL_OVERHEAD_S`` per
+    trial, shared evenly by its trials (a trial alone: a stack of one). One calibration per
+    distinct model and stack size."""
+    rates: dict[tuple[ModelConfig, int], float] = {}
     out = {}
-    for t in trials:
-        if t.model not in rates:
-            rates[t.model] = achieved_flops_per_s(t, workload)
-        out[t.trial_id] = (t.budget.flops / (rates[t.model] * t.resources.num_workers)
-                           + TRIAL_OVERHEAD_S)
+    for stack in form_stacks(trials, lambda t: t, workload, slots):
+        t, k = stack[0], len(stack)
+        if (t.model, k) not in rates:
+            rates[(t.model, k)] = achieved_flops_per_s(t, workload, k)
+        compute = sum(m.budget.flops for m in stack) / (rates[(t.model, k)]
+                                                         * t.resources.num_workers)
+        for m in stack:
+            out[m.trial_id] = compute / k + TRIAL_OVERHEAD_S
     return out

@@ -176,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             print(format_summary(spec, grid, wall, concurrency(spec)))
             return 0
         trials = plan(spec)
-        wall = None if args.no_calibrate else estimate_wall_s(trials, spec.workload_impl)
-        print(format_plan(spec, trials, wall, concurrency(spec),
+        slots = concurrency(spec)
+        wall = None if args.no_calibrate else estimate_wall_s(trials, spec.workload_impl, slots)
+        print(format_plan(spec, trials, wall, slots,
                           _finished_in_ledger({t.trial_id for t in trials})))
         return 0
     if args.command == "run":
@@ -309,8 +310,8 @@ def _report(args: argparse.Namespace) -> int:
         from orchestrator.run import run_experiment
         from workloads.core.reach import ServiceError
 
-        wall = sum(sum(estimate_wall_s(missing[p], specs[p].workload_impl).values())
-                   / concurrency(specs[p])
+        wall = sum(sum(estimate_wall_s(missing[p], specs[p].workload_impl,
+                                       concurrency(specs[p])).values()) / concurrency(specs[p])
                    for p in todo)
         print(f"running them now: about {wall / 3600:.1f} h on this machine "
               f"(calibrated, {', '.join(p.stem for p in todo)})", flush=True)

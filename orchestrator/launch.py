@@ -82,7 +82,8 @@ def _trainer(pack: Pack, settle: SettleTrials) -> TorchTrainer:
     r = pack.tasks[0].job.trial.resources
     head = pack.tasks[0]
     return TorchTrainer(
-        functools.partial(head.workload.train_loop_per_worker, [t.job for t in pack.tasks]),
+        functools.partial(head.workload.train_loop_per_worker, [t.job for t in pack.tasks],
+                          pack.sizes),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
                                      resources_per_worker={
                                          "CPU": r.cpus_per_worker,
@@ -91,7 +92,8 @@ def _trainer(pack: Pack, settle: SettleTrials) -> TorchTrainer:
         run_config=RunConfig(name=pack.name,
                              **ray_storage(head.storage, *TRIALS_DIR, head.experiment),
                              checkpoint_config=CheckpointConfig(
-                                 num_to_keep=pack_protocol.num_to_keep(len(pack.tasks)),
+                                 num_to_keep=pack_protocol.num_to_keep(
+                                     len(pack.tasks), pack.largest_stack),
                                  checkpoint_score_attribute=pack_protocol.KEEP,
                                  checkpoint_score_order="max"),
                              failure_config=FailureConfig(max_failures=r.max_failures),
@@ -139,31 +141,36 @@ def pack_driver(config: dict[str, str], packs: dict[str, Pack]) -> None:
     taken over (and resumed) by the next submission."""
     for name, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(name, value)
-    mine = []
-    for task in packs[config["pack"]].tasks:
+    def held(task: Task) -> bool:
         if _held(task):
-            mine.append(task)
-        else:  # lost while it waited for a slot (a heartbeat-less lapse)
-            print(f"[cemlab] {task.label}: another submission holds its lease now: not "
-                  "trained here", flush=True)
-    pack = Pack(tuple(mine))
+            return True
+        # lost while it waited for a slot (a heartbeat-less lapse)
+        print(f"[cemlab] {task.label}: another submission holds its lease now: not "
+              "trained here", flush=True)
+        return False
+
+    pack = packs[config["pack"]].where(held)
     while pack.tasks:
-        handed_over = time.time()  # time/startup_s of the run's first trial starts here
+        handed_over = time.time()  # time/startup_s of the run's first trials starts here
+        first = pack.stacks[0]
         pack = Pack(tuple(dataclasses.replace(t, job=dataclasses.replace(
-            t.job, submitted_at=handed_over)) if i == 0 else t for i, t in enumerate(pack.tasks)))
+            t.job, submitted_at=handed_over)) if t in first else t for t in pack.tasks),
+            pack.sizes)
         try:
             fit(pack, SettleTrials(pack))
             return  # every trial reported; one left unsettled lost its lease to the new holder
         except TrainingFailedError as e:
             error = f"{type(e).__name__}: {e}"
-        # the trials ran in order: the first one not settled is the one the run was training
+        # the stacks ran in order: the first with a trial not settled is the one the run was
+        # training, all its unsettled trials at once
         failed = next((t for t in pack.tasks if _status(t) != Status.FINISHED), None)
         if failed is None:
             return
-        if record_task(failed, Status.FAILED, error=error_text(error)):
-            print(f"[cemlab] {failed.label}: FAILED ({error.splitlines()[0]})", flush=True)
-        pack = Pack(tuple(t for t in pack.after(failed).tasks
-                          if _status(t) != Status.FINISHED and _held(t)))
+        for task in pack.stack_of(failed):
+            if _status(task) != Status.FINISHED and record_task(task, Status.FAILED,
+                                                                 error=error_text(error)):
+                print(f"[cemlab] {task.label}: FAILED ({error.splitlines()[0]})", flush=True)
+        pack = pack.after(failed).where(lambda t: _status(t) != Status.FINISHED and _held(t))
 
 
 def _held(task: Task) -> bool:

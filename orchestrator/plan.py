@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.spec import ExperimentSpec
+from orchestrator.stacks import form_stacks
 from orchestrator.table import format_table
 from workloads.core.architecture import ModelConfig
 from workloads.core.config import EngineConfig, ResourcesConfig, TrainingConfig, science
@@ -163,9 +164,19 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     micro-batch's activations; ``-`` where it has none). ``wall_s`` maps trial ids to estimated wall
     seconds (``orchestrator.calibrate``); the total wall time runs them in order on ``slots`` slots,
     each trial taking the first free one (as Ray Tune schedules a grid).
+
+    Trials that train as one stacked model (``orchestrator.stacks``, with ``slots`` at once)
+    get a ``stack`` column (its number) and a last line counting them.
     """
     several = len({t.dataset for t in trials}) > 1
     rows = [_row(spec, i, t, several, wall_s) for i, t in enumerate(trials)]
+    pending = [t for t in trials if not (cached and t.trial_id in cached)]
+    stacks = form_stacks(pending, lambda t: t, spec.workload_impl, slots)
+    stacked = [s for s in stacks if len(s) > 1]
+    if stacked:
+        number = {t.trial_id: i for i, s in enumerate(stacks, 1) for t in s}
+        for row, t in zip(rows, trials, strict=True):
+            row["stack"] = number.get(t.trial_id, "")
     if cached is not None:
         for row, t in zip(rows, trials, strict=True):
             row["cache"] = "cached" if t.trial_id in cached else ""
@@ -173,6 +184,13 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
         if wall_s else None
     lines = [_head(spec, trials[0], len(trials)), format_table(rows),
              _total(spec, [(t, 1) for t in trials], walls, slots)]
+    if stacked:
+        sizes = sorted({len(s) for s in stacked})
+        lines.append(f"stacks: {sum(map(len, stacked)):,} of {len(pending):,} trial(s) to "
+                     f"train in {len(stacked):,} stack(s) of {sizes[0]}"
+                     f"{f'-{sizes[-1]}' if len(sizes) > 1 else ''}, each one stacked model on "
+                     "one worker (resources.stack caps them; est. wall: a trial's share of its "
+                     "stack's)")
     if cached is not None:
         n = sum(t.trial_id in cached for t in trials)
         lines.append(f"cached: {n:,} of {len(trials):,} trial(s) finished in the ledger already; "

@@ -30,6 +30,7 @@ from orchestrator.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
 from workloads.core.architecture import CEM_BEST
+from workloads.core.pack import parse_name
 from workloads.core.provenance import code_fingerprint, git_commit
 from workloads.models import flops_per_token, parameter_counts
 from workloads.runtime.optim import lr_factor
@@ -448,7 +449,8 @@ def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(
     spec = {**SPEC, "name": "between", "variants": {"llama": {}}, "learning_rates": [0.003],
             "seeds": [0, 1], "budget": {"tokens": 40 * 16 * 64},
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
-            "resources": {"num_workers": 1, "cpus_per_worker": 2}}  # one at a time: one pack
+            "resources": {"num_workers": 1, "cpus_per_worker": 2,  # one at a time: one pack
+                          "stack": 1}}  # of two trials in turn, not one stack
     job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
                             str(write_spec(tmp_path, spec))],  # trained here, not copied
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -490,6 +492,68 @@ def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(
     assert Path(first.checkpoint_path).parent == Path(second.checkpoint_path).parent
 
 
+def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, tmp_path):
+    """Four trials (2 learning rates x 2 seeds) train as one stack under Ray Tune and Train;
+    the same four again in an experiment of their own, their worker killed after a
+    checkpoint: Ray Train restarts the group, every member resumes from its own checkpoint,
+    and ends with the uninterrupted stack's metrics to the bit, each step logged once."""
+    import psutil
+
+    home, env = services
+    spec = {**SPEC, "name": "stack-reference", "variants": {"llama": {}},
+            "learning_rates": [0.002, 0.006], "seeds": [0, 1],
+            "budget": {"tokens": 100 * 16 * 64},  # 100 steps, a checkpoint every 20
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
+            "resources": {"num_workers": 1, "cpus_per_worker": 2}}  # one slot: one stack of 4
+    reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    assert "a stack of 4 trials" in reference.stdout + reference.stderr
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+    uninterrupted = {r.trial_hash: r for r in ledger.trials(ledger.experiment(
+        "stack-reference").id)}
+    assert len(uninterrupted) == 4 and all(r.status == Status.FINISHED
+                                           for r in uninterrupted.values())
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
+                            str(write_spec(tmp_path, {**spec, "name": "stack-killed"}))],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+
+    def members_checkpointed() -> int:  # members with a checkpoint Ray Train has committed
+        return len({parse_name(name)[0] for name in committed_checkpoints(ledger,
+                                                                          "stack-killed")})
+
+    deadline = time.monotonic() + 300
+    while members_checkpointed() < 4:
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = [p for p in psutil.process_iter(["cmdline"])
+               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert len(workers) == 1, workers
+    workers[0].kill()
+    assert checkpointed_step(ledger, "stack-killed") < 100, (
+        "the stack had finished before the kill: nothing was tested")
+    output = job.communicate(timeout=600)[0]
+    assert job.returncode == 0, output[-3000:]
+    # each member from its own checkpoint, all at one step (the last four: a kill between two
+    # members' checkpoints first restores, then takes all back to the step every member has)
+    resumed = re.findall(r"resumed from step (\d+) ", output)[-4:]
+    assert len(resumed) == 4 and len(set(resumed)) == 1, "\n".join(
+        line for line in output.splitlines() if "[train]" in line)[-3000:]
+    assert int(resumed[0]) in range(20, 100, 20)
+    killed = ledger.trials(ledger.experiment("stack-killed").id)
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    for row in killed:
+        before = uninterrupted[row.trial_hash]
+        assert row.status == Status.FINISHED
+        assert (row.metric, row.val_metric) == (before.metric, before.val_metric)
+        for key in ("loss", "lr", "tokens_seen"):  # every step once, in the member's own run
+            steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
+            assert steps == list(range(1, 101)), key
+    assert len({r.mlflow_run_id for r in killed}) == 4
+    print(f"stack of 4 killed after step {resumed[0]}: test perplexities "
+          f"{sorted(r.metric for r in killed)}, as uninterrupted")
+
+
 def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(services, tmp_path):
     import psutil
 
@@ -498,7 +562,8 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
             "seeds": [0, 1],
             "budget": {"tokens": 100 * 16 * 64},  # a checkpoint every 20 steps
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
-            "resources": {"num_workers": 1, "cpus_per_worker": 2, "max_failures": 0}}
+            "resources": {"num_workers": 1, "cpus_per_worker": 2, "max_failures": 0,
+                          "stack": 1}}  # in turn: the stack test fails a stack
     spec_path = write_spec(tmp_path, spec)
     job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

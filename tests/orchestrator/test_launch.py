@@ -7,6 +7,8 @@ import pickle
 import subprocess
 import sys
 
+import pytest
+
 from orchestrator.launch import failure_text
 from orchestrator.packs import Pack, Task, packs
 from orchestrator.plan import plan
@@ -59,7 +61,7 @@ def _tasks(spec: dict) -> list[Task]:
 PACKED = {"name": "packs", "data": {"source": "shakespeare", "vocab_size": 512},
           "sizes": ["nano", "micro"], "variants": {"llama": {}}, "learning_rates": [1e-3, 2e-3],
           "seeds": [0, 1, 2], "budget": {"tokens": 40960},
-          "resources": {"num_workers": 1, "cpus_per_worker": 1}}
+          "resources": {"num_workers": 1, "cpus_per_worker": 1, "stack": 1}}
 
 
 def test_same_shaped_trials_share_as_many_worker_groups_as_run_at_once_balanced_by_flops():
@@ -87,7 +89,8 @@ def test_reuse_workers_off_gives_every_trial_its_own_worker_group():
 
 
 def test_on_gpus_a_worker_group_keeps_one_model_for_its_compile_cache():
-    spec = {**PACKED, "resources": {"num_workers": 1, "cpus_per_worker": 1, "use_gpu": True}}
+    spec = {**PACKED, "resources": {"num_workers": 1, "cpus_per_worker": 1, "use_gpu": True,
+                                    "stack": 8}}  # GPU trials train alone
     tasks = _tasks(spec)
     made = packs(tasks, concurrency=1)
     assert len(made) == 2  # one per size, though one runs at a time
@@ -112,6 +115,58 @@ def test_checkpoint_names_sort_by_step_and_final_ones_outscore_the_rest():
     others = [keep_score(p, s, False) for p in range(3) for s in (20, 40)]
     assert min(finals) > max(others) and others == sorted(others)
     assert num_to_keep(3) == 5
+    assert num_to_keep(3, stack=2) == 7  # the two newest of each member of a stack of 2
+
+
+STACKED = {**PACKED, "resources": {"num_workers": 1, "cpus_per_worker": 1}}
+
+
+def test_trials_that_differ_in_lr_and_seed_stack_within_the_cap_and_fill_the_slots():
+    tasks = _tasks(STACKED)  # per size: 2 learning rates x 3 seeds, one shape
+    order = [t.trial_id for t in tasks]
+
+    def stacks_of(made: list[Pack]) -> list[tuple[Task, ...]]:
+        return [s for p in made for s in p.stacks]
+
+    one_slot = stacks_of(packs(tasks, concurrency=1))
+    assert [len(s) for s in one_slot] == [6, 6]  # one stack per size (default cap 8)
+    three = stacks_of(packs(tasks, concurrency=3))  # a stack split so that no slot idles
+    assert sorted(len(s) for s in three) == [3, 3, 6]
+    for stack in three:
+        assert len({(t.job.trial.size, t.job.trial.variant) for t in stack}) == 1
+        ids = [order.index(t.trial_id) for t in stack]
+        assert ids == list(range(ids[0], ids[0] + len(ids)))  # consecutive in the grid
+    capped = _tasks({**STACKED, "resources": {**STACKED["resources"], "stack": 4}})
+    assert [len(s) for s in stacks_of(packs(capped, concurrency=1))] == [3, 3, 3, 3]
+    assert sorted(t.trial_id for p in packs(tasks, 3) for t in p.tasks) == sorted(order)
+    for alone in ({"stack": 1}, {"num_workers": 2}, {"use_gpu": True}):
+        spec = {**STACKED, "resources": {**STACKED["resources"], **alone}}
+        assert all(p.sizes == () for p in packs(_tasks(spec), concurrency=2)), alone
+
+
+def test_a_stack_holds_no_more_trials_than_its_workers_memory_holds():
+    parsed = parse_spec(STACKED)
+    t = plan(parsed)[0]
+    per_trial = parsed.workload_impl.memory(t.model, t.engine, t.resources, t.micro_batch_size,
+                                            t.config).total
+    room = 2.5 * per_trial / 2**30  # GiB: two trials' worth, not three
+    tasks = _tasks({**STACKED, "sizes": ["nano"],
+                    "resources": {**STACKED["resources"], "memory_per_worker_gb": room}})
+    assert [len(s) for p in packs(tasks, concurrency=1) for s in p.stacks] == [2, 2, 2]
+
+
+def test_a_pack_of_stacks_goes_on_after_a_failed_stack_and_keeps_its_stacks_when_filtered():
+    tasks = _tasks(STACKED)[:5]
+    pack = Pack(tuple(tasks), (2, 3))
+    assert pack.stacks == [tuple(tasks[:2]), tuple(tasks[2:])]
+    assert pack.after(tasks[1]).stacks == [tuple(tasks[2:])]  # the failed trial's whole stack
+    assert pack.after(tasks[0]).tasks == tuple(tasks[2:])
+    assert pack.after(tasks[4]).tasks == ()
+    kept = pack.where(lambda t: t is not tasks[3])
+    assert kept.stacks == [tuple(tasks[:2]), (tasks[2], tasks[4])]
+    assert pack.where(lambda t: t in tasks[:1] + tasks[2:3]).sizes == ()  # all alone now
+    with pytest.raises(ValueError, match="do not split"):
+        Pack(tuple(tasks), (2, 2))
 
 
 def test_a_worker_unpickles_the_pack_callback_without_importing_mlflow_or_the_ledger():

@@ -153,6 +153,24 @@ def test_calibrated_wall_estimate_and_plan_table():
     assert "est. wall 5m (2 trial(s) at once)" in format_plan(spec, trials, fixed, 2)
 
 
+def test_the_plan_shows_the_stacks_its_trials_train_in_and_their_share_of_its_wall():
+    one_worker = {**GRID, "sizes": ["nano"], "variants": {"llama": {}},
+                  "learning_rates": [0.002, 0.004], "seeds": [0, 1, 2],
+                  "resources": {"num_workers": 1}}
+    spec = parse_spec(one_worker)
+    trials = plan(spec)
+    text = format_plan(spec, trials, slots=1)
+    assert "stacks: 6 of 6 trial(s) to train in 1 stack(s) of 6" in text
+    assert text.splitlines()[1].split()[-1] == "stack"  # the table's last column
+    assert "stack(s) of 3" in format_plan(spec, trials, slots=2)  # split: no slot idles
+    cached = {t.trial_id for t in trials[:2]}
+    assert "stacks: 4 of 4 trial(s)" in format_plan(spec, trials, slots=1, cached=cached)
+    wall = estimate_wall_s(trials, spec.workload_impl, slots=1)
+    assert len(set(wall.values())) == 1  # one stack: each trial an equal share of its wall
+    alone = parse_spec({**one_worker, "resources": {"num_workers": 1, "stack": 1}})
+    assert "stacks:" not in format_plan(alone, plan(alone), slots=1)
+
+
 def test_a_grid_of_more_than_a_thousand_trials_plans_as_a_summary(tmp_path, capsys):
     lrs = [round(0.001 + 0.0001 * i, 6) for i in range(26)]
     grid = {**GRID, "learning_rates": lrs, "seeds": list(range(10))}  # 2 x 2 x 26 x 10 trials

@@ -43,7 +43,7 @@ class ToyRegression(TrainedWorkload):
                       {"total": config.dim, "embedding": 0, "attention": 0, "mlp": 0,
                        "other": config.dim, "non_embedding": config.dim})
 
-    def calibration_step(self, config, model, micro_batch_size, device):
+    def calibration_step(self, config, model, micro_batch_size, device, stack=1):
         w = torch.zeros(config.dim, requires_grad=True)
         x = torch.randn(micro_batch_size, config.dim)
         return (lambda: (x @ w).square().mean().backward()), 6.0 * config.dim * micro_batch_size

@@ -201,6 +201,10 @@ class ResourcesConfig(StrictModel):
                               "checkpoint after a worker or node dies, within one submission "
                               "(-1: no limit)")
 
+    stack: int = Field(8, ge=1, description="most trials that differ only in learning rate "
+                       "and seed one worker trains at once as one stacked model "
+                       "(workloads.runtime.stacked; one worker, plain PyTorch engine on CPUs, "
+                       "within memory_per_worker_gb); 1: each trial alone")
     reuse_workers: bool = Field(True, description="a worker group trains several trials "
                                 "of this shape in turn (processes, data and, on GPUs, the "
                                 "compiled model stay warm); false: a worker group per trial")

@@ -14,7 +14,8 @@ finds its own among the pack's, newest first by step and then by attempt (the mi
 which rank 0 started the trial's session: a step replayed after a restart gets a new name, as
 Ray Train's checkpoint manager requires). Ray Train keeps the ``num_to_keep(n)`` best by ``KEEP``:
 every trial's final checkpoint scores above every other, and the others by their order in the
-run, so the pack keeps each trial's final checkpoint and the two newest others.
+run, so the pack keeps each trial's final checkpoint and the two newest others (of each
+member, for the trials of a stack, which checkpoint together and score alike).
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ def parse_name(name: str) -> tuple[str, int, int] | None:
 
 def keep_score(position: int, step: int, final: bool) -> float:
     """The score of the checkpoint at ``step`` of the trial at ``position`` (0-based) of its
-    pack: the final checkpoints above all others, then later positions and steps higher."""
+    pack (every member of a stack at the stack's first position): the final checkpoints above
+    all others, then later positions and steps higher."""
     return _FINAL_SCORE + position if final else position * _STEPS_PER_POSITION + step
 
 
-def num_to_keep(trials: int) -> int:
-    """Checkpoints a pack of ``trials`` keeps: a final one per trial and the two newest others
-    (the newest, and the one before it should the newest not verify)."""
-    return trials + 2
+def num_to_keep(trials: int, stack: int = 1) -> int:
+    """Checkpoints a pack of ``trials`` keeps: a final one per trial and, of the others, the
+    two newest of every trial of the stack in training (largest ``stack``; the newest, and the
+    one before it should the newest not verify). The members of a stack checkpoint at the same
+    steps and score by the stack's position (``keep_score``)."""
+    return trials + 2 * stack

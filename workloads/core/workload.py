@@ -46,7 +46,9 @@ class Workload(ABC, Generic[C, D]):
     gradient accumulation, or takes it whole), ``registers_models`` (whether the best trials go
     to the MLflow model registry), ``backend`` (the engine its trials train on under Ray Train:
     ``deepspeed``, DeepSpeed's, which compiles as ``engine.compile`` says; ``ddp``, the plain
-    PyTorch engine with DDP, which never compiles).
+    PyTorch engine with DDP, which never compiles), ``stackable`` (whether its trials that
+    differ only in learning rate and seed may train as one stacked model on one worker,
+    ``train_loop_per_worker``'s ``stacks``).
     """
 
     name: ClassVar[str]
@@ -58,6 +60,7 @@ class Workload(ABC, Generic[C, D]):
     micro_batches: ClassVar[bool] = True
     registers_models: ClassVar[bool] = False
     backend: ClassVar[Literal["deepspeed", "ddp"]] = "deepspeed"
+    stackable: ClassVar[bool] = False
 
     def datasets(self, config: C) -> list[str]:
         """The dataset names a spec's grid runs over (one trial per dataset and grid point)."""
@@ -89,8 +92,11 @@ class Workload(ABC, Generic[C, D]):
 
     @abstractmethod
     def calibration_step(self, config: C, model: ModelConfig, micro_batch_size: int,
-                         device: torch.device) -> tuple[Callable[[], None], float]:
-        """A forward + backward step on random data and its FLOPs (for wall-time estimates)."""
+                         device: torch.device, stack: int = 1,
+                         ) -> tuple[Callable[[], None], float]:
+        """A forward + backward step on random data and its FLOPs (for wall-time estimates);
+        with ``stack`` > 1 (a ``stackable`` workload), the train step of that many models as
+        one stacked model and the FLOPs of all."""
 
     def memory(self, model: ModelConfig, engine: EngineConfig, resources: ResourcesConfig,
                micro_batch_size: int, config: C | None = None) -> Any:
@@ -101,10 +107,11 @@ class Workload(ABC, Generic[C, D]):
         return None
 
     @abstractmethod
-    def train_loop_per_worker(self, jobs: list[Job]) -> None:
+    def train_loop_per_worker(self, jobs: list[Job], stacks: tuple[int, ...] = ()) -> None:
         """What every Ray Train worker of a pack of same-shaped trials runs: each of ``jobs``
         in turn, reporting checkpoints to Ray Train (``workloads.core.pack``) and metrics to
-        the job's MLflow run."""
+        the job's MLflow run; ``stacks``: the sizes of the consecutive runs of ``jobs`` that
+        train at once as one stacked model (empty: each alone; only where ``stackable``)."""
 
     @abstractmethod
     def train_here(self, job: Job, engine: str = "torch", profile_top: int = 0,

@@ -123,8 +123,10 @@ class GPRegression(TrainedWorkload):
             planned_precision(engine.precision, resources.use_gpu), resources.use_gpu)
 
     def calibration_step(self, config: GPConfig, model: ModelConfig, micro_batch_size: int,
-                         device: torch.device) -> tuple[Callable[[], None], float]:
-        """One forward + backward of a worker's batch of random inputs."""
+                         device: torch.device, stack: int = 1,
+                         ) -> tuple[Callable[[], None], float]:
+        """One forward + backward of a worker's batch of random inputs (GP trials train
+        alone: ``stack`` is 1)."""
         n = micro_batch_size
         net = GPRegressor(model, config.input_dim).to(device)
         x = torch.randn(n, config.input_dim, device=device)

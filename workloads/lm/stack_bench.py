@@ -17,17 +17,12 @@ import torch
 
 from workloads.core.architecture import ModelConfig
 from workloads.core.config import BudgetConfig, OptimizerConfig
-from workloads.lm.workload import steps_for, token_budget
+from workloads.lm.workload import mean_loss, steps_for, token_budget
 from workloads.models import build_model, next_token_loss
 from workloads.models.decoder import with_math_attention
 from workloads.runtime.optim import build_optimizer
 from workloads.runtime.stacked import Stack
 from workloads.runtime.timing import timed_calls
-
-
-def _loss(engine, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    x, y = batch
-    return next_token_loss(engine(x), y)
 
 
 def train_step(cfg: ModelConfig, k: int, batch: int, bf16: bool):
@@ -50,7 +45,7 @@ def train_step(cfg: ModelConfig, k: int, batch: int, bf16: bool):
             opt.step()
             opt.zero_grad(set_to_none=True)
         return alone
-    stack = Stack(models, [1e-3] * k, OptimizerConfig(), _loss, with_math_attention, cpu, bf16)
+    stack = Stack(models, [1e-3] * k, OptimizerConfig(), mean_loss, with_math_attention, cpu, bf16)
     alive = torch.ones(k, dtype=torch.bool)
     pairs = [(idx[m, :, :-1], idx[m, :, 1:]) for m in range(k)]
     return lambda: stack.step([pairs], 1.0, alive)

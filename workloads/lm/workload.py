@@ -21,7 +21,13 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from workloads.core.architecture import PRESETS, ModelConfig
-from workloads.core.config import BudgetConfig, EngineConfig, ResourcesConfig, TrainingConfig
+from workloads.core.config import (
+    BudgetConfig,
+    EngineConfig,
+    OptimizerConfig,
+    ResourcesConfig,
+    TrainingConfig,
+)
 from workloads.core.paths import Paths
 from workloads.core.storage import StorageRoot
 from workloads.core.trial import Budget, Job, Prepared, Trial
@@ -36,6 +42,7 @@ from workloads.models.diagnostics import energy_diagnostics
 from workloads.models.test_time import Steps, at_steps
 from workloads.runtime.engine import Engine
 from workloads.runtime.session import Session
+from workloads.runtime.stacked import Stack
 from workloads.runtime.trainer import Task
 from workloads.runtime.worker import TrainedWorkload
 
@@ -119,6 +126,13 @@ def evaluate(engine: Engine | DecoderLM, session: Session, dataset: PackedSequen
     return totals[0].item(), int(totals[1].item())
 
 
+def mean_loss(engine: Engine, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The mean next-token loss of ``engine`` on ``batch`` ((B, T) inputs, (B, T) targets):
+    ``Task.loss`` of a stack's calibration and benchmark steps."""
+    x, y = batch
+    return next_token_loss(engine(x), y)
+
+
 class LanguageModel(TrainedWorkload):
     """Decoder language models on a corpus; test perplexity decides (lower is better)."""
 
@@ -129,6 +143,7 @@ class LanguageModel(TrainedWorkload):
     selection_metric = "val_perplexity"
     unit = "tokens"
     registers_models = True
+    stackable = True
     model_files = ("MLmodel", *(f"artifacts/{PACKAGE}/{f}" for f in (WEIGHTS, CONFIG, TOKENIZER)))
 
     def datasets(self, config: CorpusConfig) -> list[str]:
@@ -168,18 +183,27 @@ class LanguageModel(TrainedWorkload):
         return trial_memory(model, engine, resources, micro_batch_size)
 
     def calibration_step(self, config: CorpusConfig, model: ModelConfig, micro_batch_size: int,
-                         device: torch.device, seq_len: int = 128,
+                         device: torch.device, stack: int = 1, seq_len: int = 128,
                          ) -> tuple[Callable[[], None], float]:
         """One forward + backward of ``micro_batch_size`` random sequences of at most
-        ``seq_len`` tokens (short: a paper-size calibration step takes seconds)."""
+        ``seq_len`` tokens (short: a paper-size calibration step takes seconds); with ``stack``
+        > 1, one train step of that many models as one stacked model (``Stack.step``: the
+        optimizer's update too)."""
         seq = min(model.context_length, seq_len)
+        flops = flops_per_token(model, seq) * micro_batch_size * seq
+        idx = torch.randint(model.vocab_size, (stack, micro_batch_size, seq + 1), device=device)
+        if stack > 1:
+            stacked = Stack([build_model(model) for _ in range(stack)], [1e-3] * stack,
+                            OptimizerConfig(), mean_loss, with_math_attention, device, False)
+            pairs = [(idx[k, :, :-1], idx[k, :, 1:]) for k in range(stack)]
+            alive = torch.ones(stack, dtype=torch.bool, device=device)
+            return lambda: stacked.step([pairs], 1.0, alive), flops * stack
         net = build_model(model).to(device)
-        idx = torch.randint(model.vocab_size, (micro_batch_size, seq + 1), device=device)
 
         def step() -> None:
-            logits = net(idx[:, :-1])
-            next_token_loss(logits, idx[:, 1:]).backward()
-        return step, flops_per_token(model, seq) * micro_batch_size * seq
+            logits = net(idx[0, :, :-1])
+            next_token_loss(logits, idx[0, :, 1:]).backward()
+        return step, flops
 
     def task(self, job: Job, session: Session) -> LanguageModelTask:
         return LanguageModelTask(job, session)

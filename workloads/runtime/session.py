@@ -122,8 +122,9 @@ class Session(ABC):
                            t.optimizer.grad_clip, t.grad_accum, **kwargs)
 
     @abstractmethod
-    def restore(self, engine: Engine) -> int:
-        """Load the trial's last checkpoint into ``engine``; returns its step (0: fresh)."""
+    def restore(self, engine: Engine, at_most: int | None = None) -> int:
+        """Load the trial's last checkpoint (with ``at_most``, of a step no later) into
+        ``engine``; returns its step (0: fresh)."""
 
     @abstractmethod
     def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:
@@ -252,9 +253,9 @@ class RaySession(Session):
         return self._torch(model, optimizer, scheduler, ray.train.torch.get_device(),
                            wrap=ray.train.torch.prepare_model, rank=self.rank)
 
-    def restore(self, engine: Engine) -> int:
-        """The newest of the trial's checkpoints that verifies (``checkpoints``, walked by
-        ``checkpoints.newest_good``).
+    def restore(self, engine: Engine, at_most: int | None = None) -> int:
+        """The newest of the trial's checkpoints (of a step up to ``at_most``) that verifies
+        (``checkpoints``, walked by ``checkpoints.newest_good``).
 
         Raises:
             RuntimeError: checkpoints exist but none verifies.
@@ -263,7 +264,9 @@ class RaySession(Session):
             self.sink.add_pending(directory)  # points an outage kept from the run
             return engine.load(directory)["step"]
 
-        found = newest_good(self.checkpoints(), lambda c: c.as_directory(), load)
+        candidates = [c for c in self.checkpoints() if at_most is None
+                      or pack.parse_name(c.path.rsplit("/", 1)[-1])[1] <= at_most]
+        found = newest_good(candidates, lambda c: c.as_directory(), load)
         if not found:
             return 0
         checkpoint, step = found
@@ -349,7 +352,7 @@ class LocalSession(Session):
                backend: Backend) -> Engine:
         return self._torch(model, optimizer, scheduler, self.device)
 
-    def restore(self, engine: Engine) -> int:
+    def restore(self, engine: Engine, at_most: int | None = None) -> int:
         return 0
 
     def checkpoint(self, engine: Engine, step: int, metrics: dict[str, float]) -> None:

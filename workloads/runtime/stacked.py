@@ -24,6 +24,7 @@ import contextlib
 import copy
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +34,13 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from workloads.core.config import OptimizerConfig
 from workloads.core.trial import Job, stack_key
-from workloads.runtime.optim import decayed_parameters, lr_factor
+from workloads.runtime.engine import TorchEngine
+from workloads.runtime.optim import (
+    build_optimizer,
+    build_scheduler,
+    decayed_parameters,
+    lr_factor,
+)
 from workloads.runtime.session import Session
 from workloads.runtime.trainer import UNIT_ABBREVIATIONS, Task
 
@@ -74,6 +81,28 @@ class StackedAdamW:
             p.copy_(torch.where(keep, new_p, p))
             m.copy_(torch.where(keep, new_m, m))
             v.copy_(torch.where(keep, new_v, v))
+
+    @torch.no_grad()
+    def export(self, k: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Put member ``k``'s moments and step count into ``optimizer`` (a ``torch.optim.AdamW``
+        over ``model``'s parameters), as it holds them after as many steps alone: what its
+        checkpoint saves."""
+        step = torch.tensor(float(self.steps), dtype=torch.float32)
+        for name, p in model.named_parameters():
+            optimizer.state[p] = {"step": step.clone(),
+                                  "exp_avg": self.exp_avg[name][k].clone(),
+                                  "exp_avg_sq": self.exp_avg_sq[name][k].clone()}
+
+    @torch.no_grad()
+    def load(self, k: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Take member ``k``'s moments and step count from ``optimizer`` (``export``'s form,
+        as a checkpoint restored them); a parameter it holds no state of starts at zero."""
+        for name, p in model.named_parameters():
+            state = optimizer.state.get(p)
+            if state:
+                self.exp_avg[name][k].copy_(state["exp_avg"])
+                self.exp_avg_sq[name][k].copy_(state["exp_avg_sq"])
+                self.steps = int(state["step"])
 
 
 def clip_per_member(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -156,12 +185,31 @@ class Stack:
                 p.copy_(self.params[name][k])
 
 
+def advance(scheduler: torch.optim.lr_scheduler.LRScheduler, step: int) -> None:
+    """Step ``scheduler`` until it has taken ``step`` steps, as it has after ``step`` optimizer
+    steps alone (the stack's optimizer steps the members itself: torch's warning that the
+    scheduler steps before its optimizer does not apply)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before "
+                                r"`optimizer\.step\(\)`", UserWarning)
+        while scheduler.last_epoch < step:
+            scheduler.step()
+
+
 class StackedTrainer:
     """Trains the trials of ``jobs`` (K of them, one shape: ``stack_key``) as one stacked
     model, member k in ``sessions[k]`` with ``tasks[k]``; ``fit`` returns each member's final
     metrics, in order (validation and test, ``train_wall_s``, ``train_mfu``,
-    ``peak_memory_mib``), or ``{"diverged": 1.0, "diverged_step": s}`` for a member that
-    diverged.
+    ``peak_memory_mib``), or, for a member that diverged, its ``Task.headline`` metrics NaN
+    with ``diverged`` (1.0) and ``diverged_step``.
+
+    Each member has the plain torch engine its session builds (``TorchEngine``: its model,
+    torch AdamW and LR scheduler), which evaluates it and which its session checkpoints and
+    restores: every ``eval_interval`` steps the stack's state goes to every live member's
+    engine (``StackedAdamW.export``, ``advance``) and its session checkpoints it, in the
+    format of the same trial alone. A stack restarted (its worker died) resumes from the newest
+    step that every member has a good checkpoint of, each member from its own, bit-identical
+    to an uninterrupted stack; a member already trained is not in it (``run_stack_in_ray``).
 
     Raises:
         ValueError: no jobs; members that differ in more than learning rate and seed; a session
@@ -182,22 +230,50 @@ class StackedTrainer:
             raise ValueError("stacked trials train on one worker")
         self.jobs, self.sessions, self.tasks = list(jobs), list(sessions), list(tasks)
 
+    def _engines(self) -> list[TorchEngine]:
+        """Each member's fresh engine: its model (its seed set right before it is built, as
+        ``Trainer.fit`` does), AdamW at its learning rate and its LR schedule."""
+        engines = []
+        for job, session, task in zip(self.jobs, self.sessions, self.tasks):
+            trial = job.trial
+            torch.manual_seed(trial.seed)
+            model = task.build_model()
+            optimizer = build_optimizer(model, trial.optimizer, lr=trial.lr)
+            engine = session.engine(model, optimizer, build_scheduler(
+                optimizer, trial.schedule, trial.steps), "ddp")
+            if not isinstance(engine, TorchEngine):
+                raise ValueError(f"stacked trials train on the plain torch engine, not "
+                                 f"{engine.name}")
+            engines.append(engine)
+        return engines
+
+    def _restored(self) -> tuple[list[TorchEngine], int]:
+        """The members' engines at the newest step that every member has a good checkpoint
+        of (0: fresh), and that step."""
+        engines = self._engines()
+        steps = [s.restore(e) for s, e in zip(self.sessions, engines)]
+        while len(set(steps)) > 1:  # a kill between two members' checkpoints
+            common = min(steps)
+            self.sessions[0].info("[train] the stack's members have checkpoints up to steps "
+                                  "%s: all resume from step %d", steps, common)
+            engines = self._engines()
+            steps = [s.restore(e, at_most=common) if common else 0
+                     for s, e in zip(self.sessions, engines)]
+        return engines, steps[0]
+
     def fit(self) -> list[dict[str, float]]:
         jobs, sessions, tasks = self.jobs, self.sessions, self.tasks
         trial, task, session = jobs[0].trial, tasks[0], sessions[0]
         k_members, total_steps, t = len(jobs), trial.steps, trial.training
-        device, bf16 = session.device, session.precision == "bf16"
-        models = []
-        for job, member_task in zip(jobs, tasks):
-            torch.manual_seed(job.trial.seed)  # as Trainer.fit: the member's own init
-            models.append(member_task.build_model().to(device))
+        engines, start_step = self._restored()
+        models = [e.model for e in engines]
+        device, bf16 = engines[0].device, session.precision == "bf16"
         stack = Stack(models, [j.trial.lr for j in jobs], trial.optimizer, task.loss,
                       task.vmappable, device, bf16)
-        engines = [s.engine(m, None, None, task.backend) for s, m in zip(sessions, models)]
-        if any(e.name != "torch" for e in engines):
-            raise ValueError(f"stacked trials train on the plain torch engine, not "
-                             f"{next(e.name for e in engines if e.name != 'torch')}")
-        batches = [member_task.batches(skip=0) for member_task in tasks]
+        for k, engine in enumerate(engines):
+            stack.optimizer.load(k, engine.model, engine.optimizer)
+        batches = [member_task.batches(skip=start_step * trial.grad_accum)
+                   for member_task in tasks]
         alive = torch.ones(k_members, dtype=torch.bool, device=device)
         diverged_at: dict[int, int] = {}
 
@@ -224,14 +300,19 @@ class StackedTrainer:
                     out.append(scores)
             return out
 
+        def checkpoint(k: int, step: int, metrics: dict[str, float]) -> None:
+            stack.optimizer.export(k, engines[k].model, engines[k].optimizer)
+            advance(engines[k].scheduler, step)
+            sessions[k].checkpoint(engines[k], step, metrics)
+
         session.info("[train] %s: a stack of %d trials, %d steps x %d %s each, %s, %s",
                      task.describe, k_members, total_steps, task.units_per_step, task.unit,
                      "stacked torch", session.precision)
         peak_flops = session.peak_flops(device)
         rate = f"{UNIT_ABBREVIATIONS.get(task.unit, task.unit)}/s"
         start = interval_start = time.perf_counter()
-        interval_from = 0
-        for step in range(1, total_steps + 1):
+        interval_from = start_step
+        for step in range(start_step + 1, total_steps + 1):
             for s in sessions:
                 s.clock.first_step()
             with clocks("train"):
@@ -262,7 +343,7 @@ class StackedTrainer:
                         metrics["mfu"] = metrics["flops_per_s"] / peak_flops
                     sessions[k].log(metrics, step)
                 if timed:
-                    eta = (now - start) / step * (total_steps - step)
+                    eta = (now - start) / (step - start_step) * (total_steps - step)
                     session.info("[train] step %d/%d | loss %s | %s %s x %d | eta %.0fs", step,
                                  total_steps, " ".join(f"{v:.4f}" for v in losses),
                                  f"{per_s:,.0f}", rate, k_members, eta)
@@ -270,26 +351,34 @@ class StackedTrainer:
                         s.flush()
             if step % t.eval_interval == 0 and step < total_steps:
                 paused = time.perf_counter()
-                validate(step)
+                scores = validate(step)
+                with clocks("checkpoint"):
+                    for k in range(k_members):
+                        if k not in diverged_at:  # a restart re-runs its divergence
+                            checkpoint(k, step, scores[k])
                 interval_start += time.perf_counter() - paused  # throughput: training alone
             if not alive.any():
                 break
 
-        finals = validate(total_steps) if alive.any() else [{}] * k_members
+        finals = validate(total_steps)
         train_wall = time.perf_counter() - start
         out = []
         for k in range(k_members):
             if k in diverged_at:
-                out.append({"diverged": 1.0, "diverged_step": float(diverged_at[k])})
-                sessions[k].close()
-                continue
-            with sessions[k].clock.phase("eval"):
-                test = tasks[k].evaluate(engines[k], "test")
-            test.update({"train_wall_s": train_wall, **sessions[k].efficiency(
-                task.flops_per_unit * task.units_per_step * total_steps, device)})
-            sessions[k].log(test, total_steps)
-            sessions[k].flush()
-            tasks[k].keep(engines[k])
+                done = {**{name: math.nan for name in task.headline}, "diverged": 1.0,
+                        "diverged_step": float(diverged_at[k])}
+            else:
+                with sessions[k].clock.phase("eval"):
+                    test = tasks[k].evaluate(engines[k], "test")
+                test.update({"train_wall_s": train_wall, **sessions[k].efficiency(
+                    task.flops_per_unit * task.units_per_step * (total_steps - start_step),
+                    device)})
+                sessions[k].log(test, total_steps)
+                sessions[k].flush()
+                done = {**finals[k], **test}
+                tasks[k].keep(engines[k])  # before the final checkpoint, as Trainer.fit
+            phases = sessions[k].clock.metrics()
             sessions[k].close()
-            out.append({**finals[k], **test})
+            checkpoint(k, total_steps, {**done, **phases})
+            out.append(done)
         return out

@@ -56,8 +56,14 @@ class TrainedWorkload(Workload):
         returns the final metrics (``metric`` among them)."""
         return Trainer(job, session, self.task(job, session)).fit()
 
-    def train_loop_per_worker(self, jobs: list[Job]) -> None:
-        run_in_ray(jobs, self)
+    def train_stack(self, jobs: list[Job], sessions: list[Session]) -> list[dict[str, float]]:
+        """Train ``jobs`` as one stacked model (``StackedTrainer``), each in its session;
+        returns each one's final metrics, in order."""
+        tasks = [self.task(job, session) for job, session in zip(jobs, sessions)]
+        return StackedTrainer(jobs, sessions, tasks).fit()
+
+    def train_loop_per_worker(self, jobs: list[Job], stacks: tuple[int, ...] = ()) -> None:
+        run_in_ray(jobs, self, stacks)
 
     def train_here(self, job: Job, engine: str = "torch", profile_top: int = 0,
                    metrics_json: str | None = None) -> dict[str, float]:
@@ -67,29 +73,42 @@ class TrainedWorkload(Workload):
         return train_stack_here(jobs, self)
 
 
-def run_in_ray(jobs: list[Job], workload: TrainedWorkload) -> None:
+def run_in_ray(jobs: list[Job], workload: TrainedWorkload, stacks: tuple[int, ...] = (),
+               ) -> None:
     """Ray Train's ``train_loop_per_worker`` of a pack of same-shaped trials: ``workload``
     trains each of ``jobs`` in turn on this worker group, each in a ``RaySession`` of its own,
-    so processes, process group, imports and data stay warm between them.
+    so processes, process group, imports and data stay warm between them; ``stacks``: the
+    sizes of the consecutive runs of ``jobs`` that train at once as one stacked model
+    (``workload.train_stack``; empty: each alone).
 
     Ray Train gets it bound to the jobs (``functools.partial(workload.train_loop_per_worker,
-    jobs)``): the typed jobs and the workload are all that cross to the workers. After a restart
-    of the worker group, each trial resumes from its own newest checkpoint; one already trained
-    is reported again, not trained (``RaySession.report_if_trained``). The first trial's clock
-    starts when the driver handed the pack over, each next one's when the one before ended.
+    jobs, stacks)``): the typed jobs and the workload are all that cross to the workers. After a
+    restart of the worker group, each trial resumes from its own newest checkpoint; one already
+    trained is reported again, not trained (``RaySession.report_if_trained``). The first
+    trials' clocks start when the driver handed the pack over, each next one's when the ones
+    before ended.
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for position, job in enumerate(jobs):
+    position = 0
+    for size in stacks or (1,) * len(jobs):
+        group = jobs[position:position + size]
         if position:
-            job = dataclasses.replace(job, submitted_at=time.time())
-        session = RaySession(job, position)
-        if session.report_if_trained():
-            continue
-        session.start()
-        workload.train(job, session)
-        del session
-        gc.collect()  # the trial's engine, model and optimizer states, before the next one's
+            now = time.time()
+            group = [dataclasses.replace(job, submitted_at=now) for job in group]
+        # the members of a stack checkpoint alike: all at its first position (pack.keep_score)
+        sessions = [RaySession(job, position) for job in group]
+        position += size
+        todo = [(job, session) for job, session in zip(group, sessions)
+                if not session.report_if_trained()]
+        for _, session in todo:
+            session.start()
+        if len(todo) == 1:
+            workload.train(*todo[0])
+        elif todo:
+            workload.train_stack([job for job, _ in todo], [session for _, session in todo])
+        del sessions, todo
+        gc.collect()  # the trials' engines, models and optimizer states, before the next ones'
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -119,8 +138,7 @@ def run_stacked_in_process(jobs: list[Job], workload: TrainedWorkload,
         ValueError: the jobs cannot share a stack (``StackedTrainer``).
     """
     sessions = [LocalSession(job) for job in jobs]
-    tasks = [workload.task(job, session) for job, session in zip(jobs, sessions)]
-    return list(zip(StackedTrainer(jobs, sessions, tasks).fit(), sessions))
+    return list(zip(workload.train_stack(jobs, sessions), sessions))
 
 
 def train_stack_here(jobs: list[Job], workload: TrainedWorkload) -> list[dict[str, float]]:
