@@ -71,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-run", action="store_true",
                    help="report what the ledger has; train nothing")
     p.add_argument("--from", dest="bundles", action="append", metavar="BUNDLE",
-                   help="report from this result bundle (`cemlab export`; repeatable) alone: "
-                   "no ledger, MLflow or Ray; trains nothing")
+                   help="report from this result bundle (`cemlab export`), or directory of "
+                   "bundles (e.g. docs/results/data; repeatable), alone: no ledger, MLflow or "
+                   "Ray; trains nothing")
     p = sub.add_parser("export", help="write the finished trials of experiments as a result "
                        "bundle (Parquet and a checksummed manifest), to commit or import "
                        "elsewhere")
@@ -82,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the bundle directory: created, or a bundle there replaced whole")
     p = sub.add_parser("import", help="verify a result bundle and record its trials FINISHED "
                        "in this ledger, where run skips them")
-    p.add_argument("directory", help="the bundle directory (`cemlab export --out`)")
+    p.add_argument("directory", help="the bundle directory (`cemlab export --out`), or a "
+                   "directory of bundles (e.g. docs/results/data)")
     p.add_argument("--allow-code-drift", action="store_true",
                    help="import trials that another code computed (for reports: run would "
                    "train this code's own, their trial ids differ)")
@@ -356,9 +358,12 @@ def _report_from_bundles(args: argparse.Namespace, pairs: list, specs: dict,
     with tempfile.TemporaryDirectory(prefix="cemlab-report-") as tmp:
         ledger = Ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
         metrics: dict[str, dict[str, float]] = {}
-        for directory in args.bundles:
+        found = _bundle_dirs(args.bundles)
+        if found is None:
+            return 2
+        for directory in found:
             try:
-                bundle = bundles.check_bundle(Path(directory), allow_code_drift=True)
+                bundle = bundles.check_bundle(directory, allow_code_drift=True)
             except bundles.BundleError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
@@ -368,7 +373,7 @@ def _report_from_bundles(args: argparse.Namespace, pairs: list, specs: dict,
             bundles.record(bundle, ledger, keep_run_ids=True)
             metrics.update(bundle.run_metrics())
         missing = sum(len(report.missing_trials(spec, ledger)) for spec in specs.values())
-        print(f"claims report from {len(args.bundles)} bundle(s): {len(pairs)} claims over "
+        print(f"claims report from {len(found)} bundle(s): {len(pairs)} claims over "
               f"{len(specs)} specs; {missing} trial(s) not in the bundles", flush=True)
         return _write_claims(args, pairs, specs, ledger,
                              lambda run_id: metrics.get(run_id, {}), claim_set)
@@ -402,23 +407,45 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bundle_dirs(paths: list[str]) -> list[Path] | None:
+    """The bundles at ``paths``, each a bundle or a directory of bundles
+    (``bundles.find_bundles``); None, with a line on stderr, where a path holds none."""
+    from orchestrator import bundles
+
+    found = []
+    for path in paths:
+        here = bundles.find_bundles(Path(path))
+        if not here:
+            print(f"error: {path}: no result bundle there (a MANIFEST, or directories "
+                  "holding one)", file=sys.stderr)
+            return None
+        found += here
+    return found
+
+
 def _import(args: argparse.Namespace) -> int:
-    """``cemlab import``: verify the bundle in ``args.directory`` before opening the ledger
-    (a bundle that does not verify writes nothing), then record its trials there."""
+    """``cemlab import``: verify every bundle in ``args.directory`` (a bundle, or a directory
+    of bundles) before opening the ledger (when one does not verify, nothing is written), then
+    record their trials there."""
     from orchestrator import bundles
     from orchestrator.ledger import Ledger
     from orchestrator.settings import Settings
 
+    found = _bundle_dirs([args.directory])
+    if found is None:
+        return 2
     try:
-        bundle = bundles.check_bundle(Path(args.directory), args.allow_code_drift)
+        checked = [bundles.check_bundle(d, args.allow_code_drift) for d in found]
     except bundles.BundleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    done = bundles.record(bundle, Ledger(Settings().ledger_url))
-    held = f"; {done.held} unfinished and held by a live submission, left to it" \
-        if done.held else ""
-    print(f"imported {done.imported} trial(s) of {len(bundle.experiments)} experiment(s) "
-          f"from {args.directory}; {done.present} already there{held}")
+    ledger = Ledger(Settings().ledger_url)
+    for directory, bundle in zip(found, checked):
+        done = bundles.record(bundle, ledger)
+        held = f"; {done.held} unfinished and held by a live submission, left to it" \
+            if done.held else ""
+        print(f"imported {done.imported} trial(s) of {len(bundle.experiments)} experiment(s) "
+              f"from {directory}; {done.present} already there{held}")
     return 0
 
 

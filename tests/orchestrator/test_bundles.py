@@ -304,6 +304,18 @@ def test_export_and_import_on_the_command_line(toy, tracked, tmp_path, monkeypat
     assert main(["import", str(out)]) == 0
     assert capsys.readouterr().out.strip().endswith("imported 4 trial(s) of 2 experiment(s) "
                                                     f"from {out}; 0 already there")
+    # a directory of bundles (as docs/results/data): each bundle in it, by name
+    assert main(["export", "toy-a", "--out", str(out.parent / "a-only")]) == 0
+    monkeypatch.setenv("CEMLAB_LEDGER_URL", f"sqlite:///{tmp_path / 'third.db'}")
+    capsys.readouterr()
+    assert main(["import", str(out.parent)]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == [
+        f"imported 2 trial(s) of 1 experiment(s) from {out.parent / 'a-only'}; 0 already there",
+        f"imported 2 trial(s) of 2 experiment(s) from {out}; 2 already there"]
+    assert main(["import", str(tmp_path / "q")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'q'}: no result bundle there (a MANIFEST, or directories holding "
+        "one)")
 
 
 def test_without_mlflow_the_bundle_holds_the_ledgers_fields_and_says_so(
