@@ -1,6 +1,6 @@
 """The dashboard's analysis: plain functions from the frames of ``dashboards.reads`` to the
 frames its figures draw (no Streamlit, no I/O). The learning rate of every (variant, size,
-seed) is chosen on validation and the test metric read there (``orchestrator.analysis``), as
+seed) is chosen on validation and the test metric read there (``orchestrator.science.analysis``), as
 ``orchestrator results`` and the claims report do."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from orchestrator.analysis import Point, seed_choices
-from orchestrator.calibrate import TRIAL_OVERHEAD_S
+from orchestrator.planning.calibrate import TRIAL_OVERHEAD_S
+from orchestrator.science.analysis import Point, seed_choices
 
 GROUP = ["experiment", "dataset", "variant", "size"]
 STATUSES = ("PENDING", "RUNNING", "FINISHED", "FAILED")

@@ -3,10 +3,10 @@ known law, and time every dashboard page against it.
 
     python -m dashboards.page_bench --runs 1000   # seeds a fresh SQLite store, prints render times
 
-The trials are planned by ``orchestrator.plan`` from real specs (the paper's ``-cpu`` twins and a
-four-size scaling spec) and written through ``orchestrator.tracking`` and the ledger, exactly as
-``cemlab run`` writes them; only their metrics are synthetic. A language-model trial's
-test perplexity is
+The trials are planned by ``orchestrator.planning.plan`` from real specs (the paper's ``-cpu``
+twins and a four-size scaling spec) and written through ``orchestrator.records.tracking`` and the
+ledger, exactly as ``cemlab run`` writes them; only their metrics are synthetic. A
+language-model trial's test perplexity is
 
     L = E + A * (N * s)^(-alpha) * (1 + LR_CURVATURE * log2(lr / LR_OPT)^2) * (1 + noise)
 
@@ -31,11 +31,11 @@ import numpy as np
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from orchestrator.ledger import Ledger, Status
-from orchestrator.plan import plan
-from orchestrator.results import optima, store_on_parent
-from orchestrator.spec import ExperimentSpec, load_spec, parse_spec
-from orchestrator.tracking import experiment_id, start_parent_run, start_trial_run
+from orchestrator.planning.plan import plan
+from orchestrator.planning.spec import ExperimentSpec, load_spec, parse_spec
+from orchestrator.records.ledger import Ledger, Status
+from orchestrator.records.tracking import experiment_id, start_parent_run, start_trial_run
+from orchestrator.science.results import optima, store_on_parent
 from workloads.core.trial import Trial
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,9 +215,10 @@ def seed_experiment(client: MlflowClient, ledger: Ledger, spec: ExperimentSpec, 
 
 def register_versions(client: MlflowClient, experiment: str, trials: list[Trial]) -> list[str]:
     """Register the best finished trial (lowest validation perplexity) of each (variant, size)
-    of ``experiment`` with ``orchestrator.model_registry``'s names, tags and ``best`` alias; the
-    first also gets a ``models eval`` result (``test_perplexity_recomputed``). Returns names."""
-    from orchestrator.model_registry import ALIAS, model_name
+    of ``experiment`` with ``orchestrator.records.model_registry``'s names, tags and ``best``
+    alias; the first also gets a ``models eval`` result (``test_perplexity_recomputed``).
+    Returns names."""
+    from orchestrator.records.model_registry import ALIAS, model_name
 
     runs = {r.data.tags["cemlab.trial_id"]: r for r in client.search_runs(
         [client.get_experiment_by_name(experiment).experiment_id],

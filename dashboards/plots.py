@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from orchestrator.analysis import akima_curve
+from orchestrator.science.analysis import akima_curve
 
 COLORS = dict(zip(["Llama", "CEM attention", "CEM MLP", "CEM (both)"], qualitative.Plotly))
 AXES = {"params_total": "parameters (total)",
@@ -22,7 +22,7 @@ def scaling(summary: pd.DataFrame, x: str, fits: dict[str, tuple], metric: str,
     """Test ``metric`` (mean ± std over seeds, error bars) against ``x`` (a column of
     ``AXES``) per family, with each family's power-law fit and its bootstrap band.
 
-    ``fits``: family -> ``(PowerLaw, Band)`` (``orchestrator.scaling.bootstrap_band``)."""
+    ``fits``: family -> ``(PowerLaw, Band)`` (``orchestrator.science.scaling.bootstrap_band``)."""
     fig = go.Figure()
     for fam, part in summary.groupby("family", sort=False):
         color = COLORS.get(fam)

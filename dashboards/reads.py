@@ -70,7 +70,7 @@ def bundle_dirs() -> tuple[str, ...]:
     """Where the result bundles of imported trials are read from: the paths of
     ``$CEMLAB_BUNDLES`` (separated by ``os.pathsep``; set but empty: none), else the
     repository's committed results (``docs/results/data``) where that directory exists. Each
-    path is a bundle or a directory of bundles (``orchestrator.bundles.find_bundles``)."""
+    path is a bundle or a directory of bundles (``orchestrator.records.bundles.find_bundles``)."""
     value = os.environ.get(BUNDLES_ENV)
     if value is not None:
         return tuple(p for p in value.split(os.pathsep) if p)
@@ -245,10 +245,10 @@ def trained_steps(kinds: dict[str, str | None], params: dict[str, str]) -> int:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def bundle_trials(directories: tuple[str, ...]) -> Held:
     """The trials of every result bundle found in ``directories`` (each a bundle or a
-    directory of bundles, ``orchestrator.bundles.find_bundles``), each bundle verified
+    directory of bundles, ``orchestrator.records.bundles.find_bundles``), each bundle verified
     (``read_bundle``: checksums, row counts) before any row of it is used; a path that gives
     no verified bundle is skipped and named in ``Held.unread``."""
-    from orchestrator import bundles
+    from orchestrator.records import bundles
 
     trials: dict[str, dict] = {}
     read, unread = [], []
@@ -298,9 +298,9 @@ def train_rate(uri: str, experiment: str) -> tuple[float, float]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def time_metrics(uri: str, experiment: str) -> list[dict[str, float]]:
-    """The ``time/*`` metrics (seconds, ``orchestrator.tracking.breakdown``) of every finished
-    trial run of ``experiment``: the runs that logged ``time/total_s`` (a trial copied from
-    another experiment's logs 0 there and no phase)."""
+    """The ``time/*`` metrics (seconds, ``orchestrator.records.tracking.breakdown``) of every
+    finished trial run of ``experiment``: the runs that logged ``time/total_s`` (a trial copied
+    from another experiment's logs 0 there and no phase)."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id], f"{ROLE} = 'trial' and "
@@ -310,7 +310,7 @@ def time_metrics(uri: str, experiment: str) -> list[dict[str, float]]:
 
 
 def _ledger(url: str):
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
 
     return Ledger(url, migrate=False, retry_deadline_s=5)  # a page waits 5 s at most
 

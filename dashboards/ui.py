@@ -77,7 +77,7 @@ def one_experiment(key: str, language_only: bool = False) -> tuple[str, pd.DataF
 
 def nothing_yet(what: str) -> None:
     """The page's empty state: what is missing, and how to get it."""
-    from orchestrator.bundles import find_bundles
+    from orchestrator.records.bundles import find_bundles
 
     root = reads.COMMITTED_BUNDLES.parents[2]
     found = " && ".join(f"cemlab import {p.relative_to(root)}"

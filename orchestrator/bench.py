@@ -47,7 +47,7 @@ def run_arm(home: Path, spec: dict) -> dict:
     seconds (from the trials' MLflow runs)."""
     from mlflow import MlflowClient
 
-    from orchestrator import tracking
+    from orchestrator.records import tracking
     from orchestrator.settings import Settings
 
     path = home / f"{spec['name']}.yaml"
@@ -70,9 +70,9 @@ def prepare_corpus(home: Path, spec: dict) -> None:
     """Tokenize the grid's corpus into ``home`` before either arm runs."""
     import ray
 
-    from orchestrator.run import prepare
+    from orchestrator.execution.run import prepare
+    from orchestrator.planning.spec import parse_spec
     from orchestrator.settings import Settings
-    from orchestrator.spec import parse_spec
 
     prepare(parse_spec(spec), Settings())
     ray.shutdown()

@@ -8,9 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from orchestrator import join, local_trial
-from orchestrator.claims import CLAIM_SETS
-from orchestrator.spec import SpecError, load_spec
+from orchestrator.execution import join, local_trial
+from orchestrator.planning.spec import SpecError, load_spec
+from orchestrator.science.claims import CLAIM_SETS
 
 REL_TOLERANCE = 1e-3  # `models eval` must reproduce the registered test perplexity this closely
 MAX_TRIALS = 1000  # a larger grid runs only with --yes (a typo in a grid axis is days of GPU)
@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.command == "plan":
-        from orchestrator.calibrate import estimate_wall_s
-        from orchestrator.plan import (
+        from orchestrator.planning.calibrate import estimate_wall_s
+        from orchestrator.planning.plan import (
             SUMMARY_ABOVE,
             cells,
             concurrency,
@@ -189,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{MAX_TRIALS:,}: check its axes, or pass --yes to run them all",
                   file=sys.stderr)
             return 2
-        from orchestrator.run import run_experiment  # imports ray and mlflow: only when running
+        from orchestrator.execution.run import (
+            run_experiment,  # imports ray and mlflow: only when running
+        )
         from workloads.core.reach import ServiceError
 
         try:
@@ -198,19 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         except ServiceError as e:  # raised before anything trains
             print(f"error: {e}", file=sys.stderr)
             return 2
-    from orchestrator.ledger import Ledger
-    from orchestrator.results import experiment_rows, format_optima, optima, short_metric
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.science.results import experiment_rows, format_optima, optima, short_metric
     from orchestrator.settings import Settings
 
     rows = experiment_rows(spec, Ledger(Settings().ledger_url))
     if args.command == "seeds":
-        from orchestrator.results import format_seeds
+        from orchestrator.science.results import format_seeds
 
         print(format_seeds(spec, rows))
         return 0
     if args.command == "status":
-        from orchestrator.plan import plan
-        from orchestrator.results import format_status
+        from orchestrator.planning.plan import plan
+        from orchestrator.science.results import format_status
 
         print(format_status(spec, rows, len(plan(spec))))
         _print_efficiency(spec.name, {r.trial_hash for r in rows}, time_split=True)
@@ -231,7 +233,7 @@ def _finished_in_ledger(trial_ids: set[str]) -> set[str] | None:
     """Those of ``trial_ids`` that the ledger has FINISHED in any experiment, read without
     creating or migrating it (none without a ledger); None, said in one line, when it does not
     answer within 5 s."""
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
     from orchestrator.settings import Settings
 
     url = Settings().existing_ledger_url()
@@ -251,9 +253,9 @@ def _print_efficiency(experiment: str, trial_ids: set[str], time_split: bool) ->
     none."""
     from mlflow import MlflowClient
 
-    from orchestrator.results import format_efficiency, format_time_split
+    from orchestrator.records.tracking import finished_trials
+    from orchestrator.science.results import format_efficiency, format_time_split
     from orchestrator.settings import Settings
-    from orchestrator.tracking import finished_trials
     from workloads.core.reach import check_tracking
 
     uri = Settings().tracking_uri
@@ -269,8 +271,8 @@ def _print_efficiency(experiment: str, trial_ids: set[str], time_split: bool) ->
 
 
 def _status_all() -> int:
-    from orchestrator.ledger import Ledger
-    from orchestrator.results import status_counts
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.science.results import status_counts
     from orchestrator.settings import Settings
     from orchestrator.table import format_table
 
@@ -286,8 +288,8 @@ def _status_all() -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from orchestrator import report
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.science import report
     from orchestrator.settings import Settings
 
     try:
@@ -307,9 +309,9 @@ def _report(args: argparse.Namespace) -> int:
           f"{sum(map(len, missing.values()))} trial(s) missing in {len(todo)} spec(s)",
           flush=True)
     if todo and not args.no_run:
-        from orchestrator.calibrate import estimate_wall_s
-        from orchestrator.plan import concurrency
-        from orchestrator.run import run_experiment
+        from orchestrator.execution.run import run_experiment
+        from orchestrator.planning.calibrate import estimate_wall_s
+        from orchestrator.planning.plan import concurrency
         from workloads.core.reach import ServiceError
 
         wall = sum(sum(estimate_wall_s(missing[p], specs[p].workload_impl,
@@ -334,7 +336,7 @@ def _write_claims(args: argparse.Namespace, pairs: list, specs: dict, ledger,
                   run_metrics, claim_set) -> int:
     """Evaluate every claim of ``pairs`` on ``ledger`` (test-time arms reading
     ``run_metrics``), print the verdicts and write the report to ``args.out``."""
-    from orchestrator import report
+    from orchestrator.science import report
 
     results = [report.evaluate(claim, specs[path], ledger, run_metrics)
                for claim, path in pairs]
@@ -352,15 +354,14 @@ def _report_from_bundles(args: argparse.Namespace, pairs: list, specs: dict,
     from the bundles; no ledger, MLflow or Ray of this machine is used."""
     import tempfile
 
-    from orchestrator import bundles, report
-    from orchestrator.ledger import Ledger
+    from orchestrator.records import bundles
+    from orchestrator.records.ledger import Ledger
+    from orchestrator.science import report
 
     with tempfile.TemporaryDirectory(prefix="cemlab-report-") as tmp:
         ledger = Ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
         metrics: dict[str, dict[str, float]] = {}
         found = _bundle_dirs(args.bundles)
-        if found is None:
-            return 2
         for directory in found:
             try:
                 bundle = bundles.check_bundle(directory, allow_code_drift=True)
@@ -382,8 +383,8 @@ def _report_from_bundles(args: argparse.Namespace, pairs: list, specs: dict,
 def _export(args: argparse.Namespace) -> int:
     """``cemlab export``: the bundle of ``args.experiments`` in ``args.out``, read from the
     ledger (never created or migrated here) and, where it answers, MLflow."""
-    from orchestrator import bundles
-    from orchestrator.ledger import Ledger
+    from orchestrator.records import bundles
+    from orchestrator.records.ledger import Ledger
     from orchestrator.settings import Settings
 
     settings = Settings()
@@ -407,33 +408,24 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bundle_dirs(paths: list[str]) -> list[Path] | None:
+def _bundle_dirs(paths: list[str]) -> list[Path]:
     """The bundles at ``paths``, each a bundle or a directory of bundles
-    (``bundles.find_bundles``); None, with a line on stderr, where a path holds none."""
-    from orchestrator import bundles
+    (``bundles.find_bundles``); a path that holds none stays itself, for ``check_bundle`` to
+    say what it lacks."""
+    from orchestrator.records import bundles
 
-    found = []
-    for path in paths:
-        here = bundles.find_bundles(Path(path))
-        if not here:
-            print(f"error: {path}: no result bundle there (a MANIFEST, or directories "
-                  "holding one)", file=sys.stderr)
-            return None
-        found += here
-    return found
+    return [d for path in paths for d in bundles.find_bundles(Path(path)) or [Path(path)]]
 
 
 def _import(args: argparse.Namespace) -> int:
     """``cemlab import``: verify every bundle in ``args.directory`` (a bundle, or a directory
     of bundles) before opening the ledger (when one does not verify, nothing is written), then
     record their trials there."""
-    from orchestrator import bundles
-    from orchestrator.ledger import Ledger
+    from orchestrator.records import bundles
+    from orchestrator.records.ledger import Ledger
     from orchestrator.settings import Settings
 
     found = _bundle_dirs([args.directory])
-    if found is None:
-        return 2
     try:
         checked = [bundles.check_bundle(d, args.allow_code_drift) for d in found]
     except bundles.BundleError as e:
@@ -453,7 +445,7 @@ def _models(args: argparse.Namespace) -> int:
 
     from mlflow import MlflowClient
 
-    from orchestrator import model_registry as registry
+    from orchestrator.records import model_registry as registry
     from orchestrator.settings import Settings
     from orchestrator.table import format_table
 
@@ -527,7 +519,7 @@ def _generate(version, tracking_uri: str, args: argparse.Namespace) -> int:
     import mlflow.pyfunc
     import pandas as pd
 
-    from orchestrator.model_registry import download_model
+    from orchestrator.records.model_registry import download_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = mlflow.pyfunc.load_model(str(download_model(version, tracking_uri, tmp)))

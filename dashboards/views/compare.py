@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from dashboards import frames, plots, reads, ui
-from orchestrator import scaling
+from orchestrator.science import scaling
 
 BOOTSTRAP = 100  # refits per family: a page answers within a second or two (cold)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 def bundles(spec_path: str | Path, trials: int) -> list[dict[str, float]]:
     """One resource bundle per concurrent trial of the spec at ``spec_path``: the CPUs (and
     GPUs) of all its Ray Train workers (``resources`` section of the spec)."""
-    from orchestrator.spec import load_spec
+    from orchestrator.planning.spec import load_spec
 
     r = load_spec(str(spec_path)).resources
     one = {"CPU": float(r.num_workers * r.cpus_per_worker)}

@@ -129,7 +129,7 @@ def report(env: dict, home: Path, trials: int, steps: int, wall: float, rc: int,
     """Count points, compare ledger and MLflow, read the server's answers; print; exit code."""
     from mlflow import MlflowClient
 
-    from orchestrator.ledger import Ledger, Status
+    from orchestrator.records.ledger import Ledger, Status
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     ledger = Ledger(env["CEMLAB_LEDGER_URL"], migrate=False)

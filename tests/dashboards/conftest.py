@@ -13,9 +13,9 @@ import pytest
 from mlflow import MlflowClient
 
 from dashboards.page_bench import Seeded, seed_experiment, seed_store
-from orchestrator import bundles
-from orchestrator.ledger import Ledger
-from orchestrator.spec import ExperimentSpec, parse_spec
+from orchestrator.planning.spec import ExperimentSpec, parse_spec
+from orchestrator.records import bundles
+from orchestrator.records.ledger import Ledger
 from workloads.core.trial import Trial
 
 SPECS = ("fig2a-cpu", "fig3a-cpu", "gp-table-cpu")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dashboards import frames
-from orchestrator.calibrate import TRIAL_OVERHEAD_S
+from orchestrator.planning.calibrate import TRIAL_OVERHEAD_S
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
 

@@ -380,7 +380,7 @@ def test_manifests_set_no_field_guarded_by_cel_rules(name, doc):
 
 
 def test_rayjob_runs_fig3a_on_four_nodes_of_eight_gpus():
-    from orchestrator.spec import load_spec
+    from orchestrator.planning.spec import load_spec
 
     job = doc_of("RayJob")
     spec = job["spec"]
@@ -684,7 +684,7 @@ INSTANCE = {"aws-a100.yaml": ("InstanceType", "p4d.24xlarge"),
 
 @pytest.mark.parametrize("name", LAUNCHERS)
 def test_launcher_has_a_cpu_head_and_gpu_workers_from_zero(name):
-    from orchestrator.spec import load_spec
+    from orchestrator.planning.spec import load_spec
 
     config = load_launcher(CLUSTER / name)
     types = config["available_node_types"]

@@ -23,8 +23,8 @@ import pytest
 from mlflow import MlflowClient
 
 from infra.rehearsal.two_hosts import B_HOME, TwoHosts, missing_requirement
-from orchestrator.ledger import Ledger, Status
-from orchestrator.tracking import ROLE_TAG
+from orchestrator.records.ledger import Ledger, Status
+from orchestrator.records.tracking import ROLE_TAG
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import write_spec
 from workloads.core.storage import StorageRoot

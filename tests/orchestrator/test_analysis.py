@@ -8,7 +8,7 @@ import statistics
 import numpy as np
 import pytest
 
-from orchestrator.analysis import (
+from orchestrator.science.analysis import (
     Point,
     akima_optimum,
     akima_value,

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from orchestrator.analysis import Point
-from orchestrator.brackets import beyond, next_round, reachable
-from orchestrator.ledger import Status, TrialRow
+from orchestrator.records.ledger import Status, TrialRow
+from orchestrator.science.analysis import Point
+from orchestrator.science.brackets import beyond, next_round, reachable
 
 
 def _arm(variant: str, vals: dict[float, list[float]], failed: tuple[float, ...] = ()):

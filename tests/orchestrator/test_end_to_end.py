@@ -22,11 +22,11 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from orchestrator.analysis import akima_optimum
-from orchestrator.ledger import Ledger, Status
-from orchestrator.model_registry import download_model, model_id_of
-from orchestrator.spec import parse_spec
-from orchestrator.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
+from orchestrator.planning.spec import parse_spec
+from orchestrator.records.ledger import Ledger, Status
+from orchestrator.records.model_registry import download_model, model_id_of
+from orchestrator.records.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
+from orchestrator.science.analysis import akima_optimum
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
 from workloads.core.architecture import CEM_BEST

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import run
-from orchestrator.ledger import Ledger, Status
-from orchestrator.plan import arm_cells, plan
-from orchestrator.spec import parse_spec
+from orchestrator.execution import run
+from orchestrator.planning.plan import arm_cells, plan
+from orchestrator.planning.spec import parse_spec
+from orchestrator.records.ledger import Ledger, Status
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import orchestrator, write_spec
 

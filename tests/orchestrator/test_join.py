@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from orchestrator import join
 from orchestrator.cli import main
+from orchestrator.execution import join
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from orchestrator.launch import failure_text
-from orchestrator.packs import Pack, Task, packs
-from orchestrator.plan import plan
-from orchestrator.settle import SettleTrials
-from orchestrator.spec import parse_spec
+from orchestrator.execution.launch import failure_text
+from orchestrator.execution.packs import Pack, Task, packs
+from orchestrator.execution.settle import SettleTrials
+from orchestrator.planning.plan import plan
+from orchestrator.planning.spec import parse_spec
 from workloads.core.pack import checkpoint_name, keep_score, num_to_keep, parse_name
 from workloads.core.storage import StorageRoot
 from workloads.core.trial import Job
@@ -173,7 +173,7 @@ def test_a_worker_unpickles_the_pack_callback_without_importing_mlflow_or_the_le
     """Ray Train sends a run's callbacks, and so the pack's ``SettleTrials``, to every worker;
     unpickling it there must not import MLflow or SQLAlchemy (seconds of a core each, before
     the worker's first step), which only the controller uses."""
-    heavy = ("mlflow", "sqlalchemy", "orchestrator.ledger", "orchestrator.tracking")
+    heavy = ("mlflow", "sqlalchemy", "orchestrator.records.ledger", "orchestrator.records.tracking")
     code = ("import pickle, sys; settle = pickle.loads(sys.stdin.buffer.read()); "
             f"print(len(settle.tasks), *(m for m in {heavy!r} if m in sys.modules))")
     callback = SettleTrials(Pack(tuple(_tasks(PACKED))))

@@ -4,8 +4,8 @@ that another submission holds ends when they settle, or when a holder's lease la
 import threading
 import time
 
-from orchestrator.leases import Heartbeat, owner_id, wait_for_holders
-from orchestrator.ledger import Ledger, Status
+from orchestrator.execution.leases import Heartbeat, owner_id, wait_for_holders
+from orchestrator.records.ledger import Ledger, Status
 from tests.orchestrator.test_ledger import COORDS
 from workloads.core.trial import Trial
 

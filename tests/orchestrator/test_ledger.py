@@ -14,7 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from orchestrator.ledger import (
+from orchestrator.records.ledger import (
     FIRST_REVISION,
     VERSION_TABLE,
     Base,
@@ -333,7 +333,7 @@ def test_a_ledger_call_rides_out_a_database_outage_then_fails_in_one_line_past_i
     private_postgres.stop()  # the database goes away for 3 s in the middle of a grid
     threading.Timer(3.0, private_postgres.start).start()
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="orchestrator.ledger"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.records.ledger"):
         done = ledger.update_trial(row.id, status=Status.FINISHED, metric=171.5)
     assert 3.0 <= time.monotonic() - started < 60
     assert "retrying update_trial" in caplog.text

@@ -48,7 +48,7 @@ def train_here(tmp_path, monkeypatch, capsys, caplog):
 
 
 def parse(*flags: str) -> argparse.Namespace:
-    from orchestrator.local_trial import add_arguments
+    from orchestrator.execution.local_trial import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -58,7 +58,7 @@ def parse(*flags: str) -> argparse.Namespace:
 def test_a_cem_preset_trains_cem_unless_a_flag_says_otherwise():
     """``--preset cem-134m`` is the preset itself (the paper's best CEM: CEM sublayers, T = 2,
     shared diagonal, preconditioners); ``--attention``/``--mlp`` replace only the kinds."""
-    from orchestrator.local_trial import preset_spec
+    from orchestrator.execution.local_trial import preset_spec
     from workloads.core.architecture import ModelConfig
 
     def config(*flags: str) -> ModelConfig:
@@ -127,9 +127,9 @@ def test_the_profile_splits_a_whole_train_step(corpus_glob, tmp_path, train_here
 def test_zero_stage_and_compile_flags_replace_the_trials_engine_settings():
     """``--zero-stage`` and ``--compile`` replace ``engine.zero_stage``/``engine.compile``
     of the trial (a preset's or a spec's), and only where given."""
-    from orchestrator.local_trial import with_engine_options
-    from orchestrator.plan import plan
-    from orchestrator.spec import SpecError, parse_spec
+    from orchestrator.execution.local_trial import with_engine_options
+    from orchestrator.planning.plan import plan
+    from orchestrator.planning.spec import SpecError, parse_spec
     from workloads.core.trial import Job
 
     spec = parse_spec({"name": "gp-one", "workload": "gp_regression", "sizes": ["gp-small"],
@@ -180,8 +180,8 @@ def test_a_spec_trial_runs_by_row_or_id_and_a_wrong_one_is_one_line(tmp_path, tr
 def test_a_language_model_trial_runs_by_the_id_run_gives_it(corpus_glob, tmp_path, train_here):
     """``run`` ids cover the prepared corpus's content, ``plan``'s (no data yet) do not: both
     pick the same trial."""
-    from orchestrator.plan import plan
-    from orchestrator.spec import load_spec
+    from orchestrator.planning.plan import plan
+    from orchestrator.planning.spec import load_spec
     from workloads.core.registry import get_workload
 
     spec = {"name": "lm-one", "data": {"source": "text_files", "paths": corpus_glob,

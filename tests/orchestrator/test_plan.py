@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.calibrate import TRIAL_OVERHEAD_S, estimate_wall_s
 from orchestrator.cli import main
-from orchestrator.plan import (
+from orchestrator.planning.calibrate import TRIAL_OVERHEAD_S, estimate_wall_s
+from orchestrator.planning.plan import (
     SUMMARY_ABOVE,
     batch_geometry,
     cells,
@@ -17,7 +17,7 @@ from orchestrator.plan import (
     plan,
     trial_id,
 )
-from orchestrator.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
+from orchestrator.planning.spec import PAPER_LEARNING_RATES, load_spec, parse_spec
 from workloads.core.provenance import code_fingerprint
 from workloads.lm.workload import token_budget
 

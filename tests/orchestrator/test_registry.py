@@ -15,9 +15,9 @@ from mlflow import MlflowClient
 from mlflow.entities import LoggedModelStatus
 from mlflow.models import Model
 
-from orchestrator import model_registry, tracking
-from orchestrator.plan import plan
-from orchestrator.spec import parse_spec
+from orchestrator.planning.plan import plan
+from orchestrator.planning.spec import parse_spec
+from orchestrator.records import model_registry, tracking
 from tests.workloads.lm.test_serving import TEXT, tokenizer_json, trained_like  # noqa: F401
 from tests.workloads.runtime.test_metrics import MlflowServer
 from workloads.core import logged_model

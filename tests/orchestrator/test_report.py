@@ -15,11 +15,12 @@ from mlflow import MlflowClient
 from scipy.stats import t as student_t
 from scipy.stats import ttest_ind
 
-from orchestrator.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
 from orchestrator.cli import main
-from orchestrator.ledger import Ledger, Status
-from orchestrator.plan import arm_cells
-from orchestrator.report import (
+from orchestrator.planning.plan import arm_cells
+from orchestrator.planning.spec import load_spec, parse_spec
+from orchestrator.records.ledger import Ledger, Status
+from orchestrator.science.claims import CLAIM_SETS, CLAIMS, Claim, ClaimSet, Comparison
+from orchestrator.science.report import (
     TITLE_CHAR_EM,
     TITLE_POINTS,
     claim_spec_path,
@@ -33,7 +34,7 @@ from orchestrator.report import (
     wrap_title,
     write_report,
 )
-from orchestrator.results import (
+from orchestrator.science.results import (
     arm_rows,
     arm_steps,
     evaluations,
@@ -42,9 +43,7 @@ from orchestrator.results import (
     tuned_models,
     tuning,
 )
-from orchestrator.spec import load_spec, parse_spec
-from orchestrator.table import format_table
-from orchestrator.verdicts import (
+from orchestrator.science.verdicts import (
     CONTRADICTS,
     EQUIVALENT,
     MIXED,
@@ -57,6 +56,7 @@ from orchestrator.verdicts import (
     mde_se,
     verdict,
 )
+from orchestrator.table import format_table
 
 PAPER = Path(__file__).resolve().parents[2] / "experiments" / "paper"
 STUDIES = PAPER.parent / "studies"
@@ -574,7 +574,7 @@ def test_the_effect_column_gives_the_pooled_log_ratio_its_interval_mde_and_trend
         drawn.update(label=ax.get_xlabel(), ticks=[t.get_text() for t in ax.get_yticklabels()])
         plt.close(fig)
 
-    monkeypatch.setattr("orchestrator.report._save_png", save)
+    monkeypatch.setattr("orchestrator.science.report._save_png", save)
     text = write_report([result], tmp_path / "out", "cpu", "experiments/paper/").read_text()
     pct = [100 * math.expm1(x) for x in (e.estimate, e.estimate - half, e.estimate + half)]
     assert f"{pct[0]:+.1f}% [{pct[1]:+.1f}, {pct[2]:+.1f}]" in text

@@ -1,14 +1,14 @@
 """Results from the ledger: the rows of a spec's current grid, progress by status."""
 
-from orchestrator.ledger import Ledger, Status
-from orchestrator.results import (
+from orchestrator.planning.spec import parse_spec
+from orchestrator.records.ledger import Ledger, Status
+from orchestrator.science.results import (
     experiment_rows,
     format_efficiency,
     format_status,
     format_time_split,
     status_counts,
 )
-from orchestrator.spec import parse_spec
 
 
 def test_results_read_the_newest_row_per_grid_point(tmp_path):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.scaling import (
+from orchestrator.science.scaling import (
     AT_BOUND_TOL,
     MIN_SIZES,
     PowerLaw,

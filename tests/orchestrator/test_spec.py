@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.plan import plan, trial_id
-from orchestrator.spec import SpecError, load_spec, parse_spec
+from orchestrator.planning.plan import plan, trial_id
+from orchestrator.planning.spec import SpecError, load_spec, parse_spec
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.spec import ExperimentSpec, SpecError, Variant, parse_spec
+from orchestrator.planning.spec import ExperimentSpec, SpecError, Variant, parse_spec
 from workloads.core.config import (
     MOVED,
     BudgetConfig,

@@ -10,7 +10,7 @@ import pyarrow.fs as pafs
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator.ledger import Ledger, Status
+from orchestrator.records.ledger import Ledger, Status
 from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
 from workloads.core.logged_model import model_of_run

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator import tracking
-from orchestrator.ledger import Status
-from orchestrator.plan import plan
-from orchestrator.spec import load_spec
+from orchestrator.planning.plan import plan
+from orchestrator.planning.spec import load_spec
+from orchestrator.records import tracking
+from orchestrator.records.ledger import Status
 
 DEMO = Path(__file__).resolve().parents[2] / "experiments" / "demo-grid.yaml"
 

@@ -6,12 +6,12 @@ experiments. Real ledger and MLflow stores (SQLite), the toy workload, no Ray.""
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator import tracking
-from orchestrator.ledger import Ledger, Status
-from orchestrator.plan import format_plan, plan
-from orchestrator.run import claim, model_runs, open_books
+from orchestrator.execution.run import claim, model_runs, open_books
+from orchestrator.planning.plan import format_plan, plan
+from orchestrator.planning.spec import parse_spec
+from orchestrator.records import tracking
+from orchestrator.records.ledger import Ledger, Status
 from orchestrator.settings import Settings
-from orchestrator.spec import parse_spec
 from tests.orchestrator.test_workload_interface import SPEC, toy  # noqa: F401 (fixture)
 from workloads.core.trial import Prepared
 

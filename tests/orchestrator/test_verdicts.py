@@ -10,8 +10,8 @@ import pytest
 from scipy.stats import nct, ttest_ind, ttest_rel
 from scipy.stats import t as student_t
 
-from orchestrator.claims import CLAIM_SETS
-from orchestrator.verdicts import (
+from orchestrator.science.claims import CLAIM_SETS
+from orchestrator.science.verdicts import (
     CONTRADICTS,
     EQUIVALENT,
     MIXED,

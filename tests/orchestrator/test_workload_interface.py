@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from mlflow import MlflowClient
 from pydantic import Field
 
-from orchestrator import tracking
-from orchestrator.calibrate import estimate_wall_s
-from orchestrator.plan import format_plan, plan
-from orchestrator.spec import SpecError, parse_spec
+from orchestrator.planning.calibrate import estimate_wall_s
+from orchestrator.planning.plan import format_plan, plan
+from orchestrator.planning.spec import SpecError, parse_spec
+from orchestrator.records import tracking
 from workloads.core import registry
 from workloads.core.config import StrictModel
 from workloads.core.trial import Budget, Job, Prepared

@@ -50,5 +50,6 @@ def test_one_trial_in_process_needs_no_services_packages():
     dashboard (a GPU box whose image has none of them): its command and the language-model
     workload it trains import none."""
     stack = {"ray", "mlflow", "sqlalchemy", "alembic", "streamlit", "plotly", "pandas"}
-    assert imported(["orchestrator.cli", "orchestrator.local_trial", "workloads.lm.workload",
-                     "workloads.gp.workload", "workloads.runtime.worker"], stack) == ""
+    assert imported(["orchestrator.cli", "orchestrator.execution.local_trial",
+                     "workloads.lm.workload", "workloads.gp.workload",
+                     "workloads.runtime.worker"], stack) == ""

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orchestrator.spec import SpecError, load_spec, parse_spec
+from orchestrator.planning.spec import SpecError, load_spec, parse_spec
 from workloads.core.architecture import CEM_BEST
 from workloads.lm.memory import activation_bytes, estimate_memory, kernel_bytes
 from workloads.models import ModelConfig, build_model

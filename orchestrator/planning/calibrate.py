@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from orchestrator.stacks import form_stacks
+from orchestrator.planning.stacks import form_stacks
 from workloads.core.architecture import ModelConfig
 from workloads.core.trial import Trial
 from workloads.core.workload import Workload

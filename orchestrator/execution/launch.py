@@ -1,18 +1,18 @@
 """Ray Tune over a grid of trials, trained in packs: each pack one Ray Train run (``TorchTrainer``)
 whose worker group trains the pack's same-shaped trials in turn.
 
-``packs`` (``orchestrator.packs``) groups the trials by shape (resources; on GPUs also the
+``packs`` (``orchestrator.execution.packs``) groups the trials by shape (resources; on GPUs also the
 model, whose compile cache then stays warm) and splits each group into as many packs as run at
 once, balanced by FLOPs (``resources.reuse_workers: false``: a pack per trial). Tune runs
 ``pack_driver`` once per pack; the driver starts the pack's ``TorchTrainer`` with its workload's
 ``train_loop_per_worker`` bound to the jobs (the typed ``Job`` s and the workload are all the
 train function carries). Its Train controller, on the driver's node, settles each trial as the
-workers report it (``SettleTrials``, ``orchestrator.settle``: Ray Train unpickles it in every
-worker too, so it imports neither MLflow nor the ledger until the controller uses them): RUNNING
-when it starts, FINISHED with its metrics, checkpoint and time split when its final checkpoint
-is in; the ledger decides, MLflow follows (``record``), only under the trial's lease. A trial
-whose Train run fails is recorded FAILED by the driver, which starts the trials after it in a
-new run; a driver that dies is settled by its submission (``SettleFailures``).
+workers report it (``SettleTrials``, ``orchestrator.execution.settle``: Ray Train unpickles it in
+every worker too, so it imports neither MLflow nor the ledger until the controller uses them):
+RUNNING when it starts, FINISHED with its metrics, checkpoint and time split when its final
+checkpoint is in; the ledger decides, MLflow follows (``record``), only under the trial's
+lease. A trial whose Train run fails is recorded FAILED by the driver, which starts the trials
+after it in a new run; a driver that dies is settled by its submission (``SettleFailures``).
 
 The Train run is named after its trials under ``ray_results/trials/<experiment>`` of the storage
 root (a local path, or ``s3://...`` that every node reaches). A worker group that restarts
@@ -44,9 +44,9 @@ from ray.train import (
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from orchestrator.ledger import Status
-from orchestrator.packs import TRIALS_DIR, Pack, Task, packs
-from orchestrator.settle import SettleTrials, ledger_for, record_task
+from orchestrator.execution.packs import TRIALS_DIR, Pack, Task, packs
+from orchestrator.execution.settle import SettleTrials, ledger_for, record_task
+from orchestrator.records.ledger import Status
 from workloads.core import pack as pack_protocol
 from workloads.core.config import TRIAL_ACTORS_GB
 from workloads.core.storage import StorageRoot

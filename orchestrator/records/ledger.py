@@ -36,7 +36,7 @@ went through, but whose answer was lost, finds its own work done).
 
 Schema migrations
 -----------------
-The schema is versioned by Alembic, with the migrations in ``orchestrator/migrations/``
+The schema is versioned by Alembic, with the migrations in ``orchestrator/records/migrations/``
 (``env.py``, and one revision per schema change under ``versions/``; ``0001`` is the
 original schema). ``Ledger(url)`` upgrades the database to the newest revision when it opens
 it (``migrate=False`` opens it read-only, e.g. for the dashboard). A ledger created before
@@ -53,12 +53,12 @@ To change the schema, edit the ORM classes below, then add a revision with the A
 against a database at the current head (the URL comes from ``-x url=...`` or
 ``$CEMLAB_LEDGER_URL``)::
 
-    alembic -c orchestrator/migrations/alembic.ini -x url=sqlite:///ledger.db \\
+    alembic -c orchestrator/records/migrations/alembic.ini -x url=sqlite:///ledger.db \\
         revision --autogenerate --rev-id 0002 -m "add trials.node"
 
-review the file it writes under ``orchestrator/migrations/versions/`` (``revision -m`` alone
+review the file it writes under ``orchestrator/records/migrations/versions/`` (``revision -m`` alone
 writes an empty one to fill in), and test it; ``Ledger(url)`` applies it on its next start.
-``alembic -c orchestrator/migrations/alembic.ini -x url=... current`` (``history``,
+``alembic -c orchestrator/records/migrations/alembic.ini -x url=... current`` (``history``,
 ``upgrade head``, ``downgrade -1``) inspect or move a database already under Alembic.
 """
 

@@ -17,10 +17,10 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from orchestrator.analysis import ArmChoice, Point, choose_lr, optima_table, set_noise
-from orchestrator.brackets import reachable, same_lr
-from orchestrator.ledger import Ledger, Status, TrialRow
-from orchestrator.spec import ExperimentSpec
+from orchestrator.planning.spec import ExperimentSpec
+from orchestrator.records.ledger import Ledger, Status, TrialRow
+from orchestrator.science.analysis import ArmChoice, Point, choose_lr, optima_table, set_noise
+from orchestrator.science.brackets import reachable, same_lr
 from orchestrator.table import format_table
 from workloads.core.trial import PHASES
 
@@ -310,7 +310,7 @@ def _std(xs: list[float]) -> float:
 def arm_steps(spec: ExperimentSpec) -> dict[Arm, int]:
     """Each arm's optimizer steps per trial (planned without the prepared data: the spec's
     vocabulary)."""
-    from orchestrator.plan import arm_cells
+    from orchestrator.planning.plan import arm_cells
 
     return {arm: cell(spec.lr_grid[0], spec.seeds[0]).steps
             for arm, cell in arm_cells(spec).items()}

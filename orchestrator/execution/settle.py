@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING
 
 from ray.train import UserCallback
 
-from orchestrator.packs import Pack, Task
+from orchestrator.execution.packs import Pack, Task
 from workloads.core import pack as pack_protocol
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-    from orchestrator.ledger import Ledger, Status
+    from orchestrator.records.ledger import Ledger, Status
 
 
 def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, status: Status,
            *, owner: str | None = None, **fields) -> bool:
     """Set a trial's status (and ``fields``) in the ledger, then make its MLflow run follow;
     with ``owner``, only while ``owner`` holds the trial's lease. Returns whether it did."""
-    from orchestrator import tracking
+    from orchestrator.records import tracking
 
     if ledger.update_trial(row_id, owner=owner, status=status, **fields) is None:
         return False
@@ -41,7 +41,7 @@ def record(ledger: Ledger, client: MlflowClient, row_id: int, run_id: str, statu
 def ledger_for(url: str) -> Ledger:
     """One ``Ledger`` (one connection pool) per URL in a driver's or controller's process:
     Tune reuses a driver's process for the next pack (``reuse_actors``)."""
-    from orchestrator.ledger import Ledger
+    from orchestrator.records.ledger import Ledger
 
     return Ledger(url)
 
@@ -72,7 +72,7 @@ class SettleTrials(UserCallback):
         self.settled: set[str] = set()
 
     def after_report(self, run_context, metrics: list[dict], checkpoint) -> None:
-        from orchestrator.ledger import Status
+        from orchestrator.records.ledger import Status
 
         reported = metrics[0]
         task = self.tasks.get(reported.get(pack_protocol.TRIAL))
@@ -100,8 +100,8 @@ class SettleTrials(UserCallback):
         its time split when this run started it."""
         from mlflow import MlflowClient
 
-        from orchestrator import tracking
-        from orchestrator.ledger import Status
+        from orchestrator.records import tracking
+        from orchestrator.records.ledger import Status
 
         workload = task.workload
         if not record_task(task, Status.FINISHED, metric=reported[workload.metric],

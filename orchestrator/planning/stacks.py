@@ -3,8 +3,8 @@ trials of one shape (``stack_key``: they differ in learning rate and seed only) 
 stacks them, on one CPU worker with the plain PyTorch engine, up to ``resources.stack`` of them
 and as many as the worker's reserved memory holds (``stack_cap``).
 
-Plain data, light to import: ``orchestrator.packs`` forms a pack's stacks with it, and
-``orchestrator.plan`` shows them.
+Plain data, light to import: ``orchestrator.execution.packs`` forms a pack's stacks with it, and
+``orchestrator.planning.plan`` shows them.
 """
 
 from __future__ import annotations

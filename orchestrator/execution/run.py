@@ -34,12 +34,11 @@ from typing import Any
 import ray
 from mlflow import MlflowClient
 
-from orchestrator import brackets, leases, tracking
-from orchestrator import launch as tune
-from orchestrator.ledger import Ledger, Status, TrialRow
-from orchestrator.model_registry import register_best
-from orchestrator.packs import Task
-from orchestrator.plan import (
+from orchestrator.execution import launch as tune
+from orchestrator.execution import leases
+from orchestrator.execution.packs import Task
+from orchestrator.execution.settle import record
+from orchestrator.planning.plan import (
     SUMMARY_ABOVE,
     arm_cells,
     cells,
@@ -48,7 +47,12 @@ from orchestrator.plan import (
     format_summary,
     plan,
 )
-from orchestrator.results import (
+from orchestrator.planning.spec import ExperimentSpec
+from orchestrator.records import tracking
+from orchestrator.records.ledger import Ledger, Status, TrialRow
+from orchestrator.records.model_registry import register_best
+from orchestrator.science import brackets
+from orchestrator.science.results import (
     experiment_rows,
     finished_points,
     format_optima,
@@ -59,8 +63,6 @@ from orchestrator.results import (
     tuning,
 )
 from orchestrator.settings import Settings
-from orchestrator.settle import record
-from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.core.reach import ServiceError, check_database, check_tracking, node_only
 from workloads.core.trial import Job, Prepared, Trial
@@ -263,8 +265,8 @@ def train(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared, books: 
 
 def extend_brackets(spec: ExperimentSpec, trials: list[Trial], prepared: Prepared,
                     books: Books, lr_round: int) -> list[Trial]:
-    """Round ``lr_round`` of the brackets that adapt (``orchestrator.brackets``): for each arm
-    of ``trials`` whose validation optimum sits at an edge of its learning rates, its trials at
+    """Round ``lr_round`` of the brackets that adapt (``orchestrator.science.brackets``): for each
+    arm of ``trials`` whose validation optimum sits at an edge of its learning rates, its trials at
     the next learning rate beyond that edge, every seed, each arm said in one line; none for a
     fixed grid."""
     if spec.lr_max_points is None:

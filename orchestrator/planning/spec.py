@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.spec_yaml import SpecFileError, read_spec_yaml
+from orchestrator.planning.spec_yaml import SpecFileError, read_spec_yaml
 from workloads.core.architecture import PRESETS, ModelConfig
 from workloads.core.config import (
     MOVED,
@@ -101,10 +101,10 @@ def _sorted_learning_rates(lrs: list[float]) -> list[float]:
 
 
 class LearningRateGrid(StrictModel):
-    """``learning_rates`` as a bracket that adapts (``orchestrator.brackets``): the ``grid``,
-    and with ``extend`` an arm whose validation optimum sits at an edge of its learning rates
-    gets the next point beyond that edge (the grid's log spacing there), round after round,
-    until its optimum is interior or it has ``max_points`` learning rates. ``eval_seeds``:
+    """``learning_rates`` as a bracket that adapts (``orchestrator.science.brackets``): the
+    ``grid``, and with ``extend`` an arm whose validation optimum sits at an edge of its learning
+    rates gets the next point beyond that edge (the grid's log spacing there), round after
+    round, until its optimum is interior or it has ``max_points`` learning rates. ``eval_seeds``:
     fresh seeds that, once the brackets settle, train once per arm at the learning rate chosen
     on the tuning seeds' (``seeds``) mean validation; the claims read their test metric."""
 

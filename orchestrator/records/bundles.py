@@ -48,8 +48,8 @@ import pyarrow.parquet as pq
 from mlflow import MlflowClient
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.ledger import IMPORTED_FIELDS, Imported, Ledger, Status
-from orchestrator.tracking import CODE_TAG
+from orchestrator.records.ledger import IMPORTED_FIELDS, Imported, Ledger, Status
+from orchestrator.records.tracking import CODE_TAG
 from workloads.core.atomic import atomic_path
 from workloads.core.provenance import code_fingerprint
 from workloads.core.storage import StorageRoot

@@ -12,7 +12,7 @@ import time
 import uuid
 from types import TracebackType
 
-from orchestrator.ledger import Ledger, Status, utc_now
+from orchestrator.records.ledger import Ledger, Status, utc_now
 from workloads.core.trial import Trial
 
 log = logging.getLogger(__name__)

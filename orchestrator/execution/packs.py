@@ -1,6 +1,7 @@
 """The trials of a submission in packs: a ``Task`` per pending trial, and ``Pack`` s of
 same-shaped tasks that one Ray Train worker group trains in turn (``packs``), those that differ
-only in learning rate and seed several at once, as one stacked model (``orchestrator.stacks``).
+only in learning rate and seed several at once, as one stacked model
+(``orchestrator.planning.stacks``).
 
 Plain data, light to import: Ray Train ships a run's ``RunConfig``, its callbacks and so the
 pack they hold, to the run's controller and to every one of its workers, each of which imports
@@ -13,7 +14,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orchestrator.stacks import form_stacks
+from orchestrator.planning.stacks import form_stacks
 from workloads.core.storage import StorageRoot
 from workloads.core.trial import Job, Trial
 from workloads.core.workload import Workload
@@ -53,7 +54,7 @@ class Task:
 class Pack:
     """Same-shaped trials that one Ray Train run trains in turn, in this order; ``sizes``:
     the sizes of the consecutive runs of them that train at once as one stacked model
-    (``orchestrator.stacks``; empty: each alone).
+    (``orchestrator.planning.stacks``; empty: each alone).
 
     Raises:
         ValueError: ``sizes`` do not add up to the trials.

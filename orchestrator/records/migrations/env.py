@@ -1,4 +1,4 @@
-"""Alembic environment of the CEM Lab ledger (see ``orchestrator.ledger``'s docstring).
+"""Alembic environment of the CEM Lab ledger (see ``orchestrator.records.ledger``'s docstring).
 
 Run by ``Ledger(url)`` on its own connection (``config.attributes["connection"]``, inside its
 locked transaction), or by the Alembic CLI on the URL of ``-x url=...`` or
@@ -14,7 +14,13 @@ from logging.config import fileConfig
 import sqlalchemy as sa
 from alembic import context
 
-from orchestrator.ledger import VERSION_TABLE, Base, StatusType, include_name, migration_lock
+from orchestrator.records.ledger import (
+    VERSION_TABLE,
+    Base,
+    StatusType,
+    include_name,
+    migration_lock,
+)
 
 config = context.config
 

@@ -31,7 +31,7 @@ from mlflow.entities.model_registry.model_version_status import ModelVersionStat
 from mlflow.exceptions import MlflowException
 from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
-from orchestrator.tracking import CODE_TAG, COMMIT_TAG
+from orchestrator.records.tracking import CODE_TAG, COMMIT_TAG
 from workloads.core import logged_model
 from workloads.core.registry import get_workload
 from workloads.core.trial import Trial

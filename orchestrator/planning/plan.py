@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.spec import ExperimentSpec
-from orchestrator.stacks import form_stacks
+from orchestrator.planning.spec import ExperimentSpec
+from orchestrator.planning.stacks import form_stacks
 from orchestrator.table import format_table
 from workloads.core.architecture import ModelConfig
 from workloads.core.config import EngineConfig, ResourcesConfig, TrainingConfig, science
@@ -162,11 +162,11 @@ def format_plan(spec: ExperimentSpec, trials: list[Trial],
     ``mem/GPU`` (``mem/worker`` on CPUs) is the workload's ``memory`` estimate (the language
     model's: weights, gradients and optimizer states under the trial's ZeRO stage plus one
     micro-batch's activations; ``-`` where it has none). ``wall_s`` maps trial ids to estimated wall
-    seconds (``orchestrator.calibrate``); the total wall time runs them in order on ``slots`` slots,
-    each trial taking the first free one (as Ray Tune schedules a grid).
+    seconds (``orchestrator.planning.calibrate``); the total wall time runs them in order on
+    ``slots`` slots, each trial taking the first free one (as Ray Tune schedules a grid).
 
-    Trials that train as one stacked model (``orchestrator.stacks``, with ``slots`` at once)
-    get a ``stack`` column (its number) and a last line counting them.
+    Trials that train as one stacked model (``orchestrator.planning.stacks``, with ``slots`` at
+    once) get a ``stack`` column (its number) and a last line counting them.
     """
     several = len({t.dataset for t in trials}) > 1
     rows = [_row(spec, i, t, several, wall_s) for i, t in enumerate(trials)]

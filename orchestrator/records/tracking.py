@@ -10,8 +10,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.exceptions import MlflowException
 
-from orchestrator.ledger import Status
-from orchestrator.spec import ExperimentSpec
+from orchestrator.planning.spec import ExperimentSpec
+from orchestrator.records.ledger import Status
 from workloads.core.provenance import code_fingerprint, git_commit
 from workloads.core.trial import PHASES, Trial
 

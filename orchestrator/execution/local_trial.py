@@ -28,8 +28,8 @@ import logging
 
 from pydantic import ValidationError
 
-from orchestrator.plan import batch_geometry, plan
-from orchestrator.spec import ExperimentSpec, SpecError, load_spec, parse_spec
+from orchestrator.planning.plan import batch_geometry, plan
+from orchestrator.planning.spec import ExperimentSpec, SpecError, load_spec, parse_spec
 from workloads.core.architecture import PRESETS
 from workloads.core.config import EngineConfig, deep_merged
 from workloads.core.paths import Paths

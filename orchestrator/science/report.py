@@ -1,8 +1,8 @@
-"""The claims report: each claim of a ``ClaimSet`` (``orchestrator.claims``: the paper's, or the
-recursion study's) measured on the ledger's finished trials, one pooled regression per
+"""The claims report: each claim of a ``ClaimSet`` (``orchestrator.science.claims``: the paper's,
+or the recursion study's) measured on the ledger's finished trials, one pooled regression per
 comparison (log test metric on arm and size, with an arm x log N trend) with its interval at the
 comparison's Holm level across the claim, the minimum detectable effect and the seeds that
-would reach the claim's margin, and a verdict (``orchestrator.verdicts``: supports,
+would reach the claim's margin, and a verdict (``orchestrator.science.verdicts``: supports,
 contradicts, equivalent, mixed, underpowered); written as ``REPORT.md`` plus one PNG figure per
 claim (and ``ladder.png``, the test metric against training tokens, for a set's ladder).
 docs/statistics.md gives the formulas.
@@ -25,11 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator import verdicts
-from orchestrator.brackets import same_lr
-from orchestrator.claims import CLAIM_SETS, Claim, ClaimSet, Comparison
-from orchestrator.ledger import Ledger, Status
-from orchestrator.results import (
+from orchestrator.planning.spec import ExperimentSpec
+from orchestrator.records.ledger import Ledger, Status
+from orchestrator.science import verdicts
+from orchestrator.science.brackets import same_lr
+from orchestrator.science.claims import CLAIM_SETS, Claim, ClaimSet, Comparison
+from orchestrator.science.results import (
     Arm,
     Models,
     Tuning,
@@ -41,7 +42,6 @@ from orchestrator.results import (
     tuned_models,
     tuning,
 )
-from orchestrator.spec import ExperimentSpec
 from orchestrator.table import format_table
 from workloads.core.atomic import atomic_path
 from workloads.core.provenance import code_fingerprint, git_commit
@@ -199,7 +199,7 @@ def arm_values(spec: ExperimentSpec, arms: set[str], models: dict[Arm, Models],
 def log_params(spec: ExperimentSpec) -> dict[tuple[str, str, str], float]:
     """(dataset, variant, size) -> the natural log of its total parameter count, as planned
     (``plan.arm_cells``, without the prepared data: the spec's vocabulary)."""
-    from orchestrator.plan import arm_cells
+    from orchestrator.planning.plan import arm_cells
 
     return {arm: math.log(cell(spec.lr_grid[0], spec.seeds[0]).params["total"])
             for arm, cell in arm_cells(spec).items()}
@@ -327,7 +327,7 @@ def missing_trials(spec: ExperimentSpec, ledger: Ledger) -> list[Trial]:
     tuning seeds' at every learning rate of their arm (the grid and what its bracket's rounds
     added, ``results.required_lrs``), and the evaluation seeds' at the learning rate each arm
     chose so far (``results.tuning``; an arm without a choice plans none yet)."""
-    from orchestrator.plan import arm_cells
+    from orchestrator.planning.plan import arm_cells
 
     rows = experiment_rows(spec, ledger)
     done = [(r.dataset, r.variant, r.size, r.lr, r.seed) for r in rows
@@ -580,7 +580,7 @@ def ladder_figure(results: list[ClaimResult], path: Path) -> bool:
     """Each arm's test metric (mean ± std over seeds, at its chosen LR) against the tokens per
     trial of its spec (log x), one line per (variant, dataset, size) over ``results``, the
     claims of a token ladder; written as a PNG. False (nothing written) without two budgets."""
-    from orchestrator.plan import plan
+    from orchestrator.planning.plan import plan
 
     series: dict[tuple[str, str, str], list[tuple[int, list[float]]]] = defaultdict(list)
     for r in results:

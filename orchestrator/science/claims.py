@@ -9,7 +9,7 @@ at each arm's learning rate chosen on validation, pooled over the spec's sizes
 with base arms, the log ratio of two gains ``log((treatment / treatment_base) / (control /
 control_base))`` (negative: the treatment's gain is the larger). Margins are relative changes
 (0.05 for 5 %), compared as ``log(1 + margin)``, fixed here before any run. Data only:
-``orchestrator.report`` evaluates them.
+``orchestrator.science.report`` evaluates them.
 """
 
 from __future__ import annotations

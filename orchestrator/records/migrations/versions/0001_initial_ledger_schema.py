@@ -1,7 +1,7 @@
 """The ledger's original schema, as ``Base.metadata.create_all`` made it before Alembic.
 
 A ledger created that way is stamped at this revision instead of running it
-(``orchestrator.ledger.upgrade``): keep it identical to that schema, unnamed constraints
+(``orchestrator.records.ledger.upgrade``): keep it identical to that schema, unnamed constraints
 included (PostgreSQL names them itself, the same way in both cases).
 
 Revision ID: 0001

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from orchestrator.analysis import Point
-from orchestrator.ledger import TrialRow
+from orchestrator.records.ledger import TrialRow
+from orchestrator.science.analysis import Point
 
 Arm = tuple[str, str, str]  # (dataset, variant, size)
 
