@@ -492,6 +492,56 @@ def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(
     assert Path(first.checkpoint_path).parent == Path(second.checkpoint_path).parent
 
 
+def test_a_study_killed_midway_goes_on_from_its_bundle_in_a_fresh_ledger(services, tmp_path):
+    """A pico study of four trials, its job killed once two have finished, exported as a result
+    bundle; a fresh ledger (another machine's) imports it, and `cemlab run` there trains only
+    the two that were missing, each imported one skipped with its metrics as they were."""
+    home, env = services
+    spec = {**SPEC, "name": "resumable", "sizes": ["pico"], "variants": {"llama": {}},
+            "learning_rates": [0.003, 0.006], "seeds": [0, 1], "budget": {"tokens": 40 * 16 * 64},
+            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
+            "resources": {"num_workers": 1, "cpus_per_worker": 2,  # one at a time, in turn
+                          "stack": 1}}
+    spec_path = write_spec(tmp_path, spec)
+    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+
+    def finished() -> list:
+        exp = ledger.experiment("resumable")
+        return [r for r in (ledger.trials(exp.id) if exp else []) if r.status == Status.FINISHED]
+
+    deadline = time.monotonic() + 300
+    while len(finished()) < 2:
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    job.send_signal(signal.SIGKILL)  # the study stops here: its driver dies with the job
+    job.wait()
+    done = {r.trial_hash: r for r in finished()}
+    assert 2 <= len(done) < 4, "the study had finished before the kill: nothing was tested"
+    bundle = tmp_path / "results" / "resumable"
+    exported = orchestrator(env, "export", "resumable", "--out", str(bundle))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert f"{len(done)} finished trial(s) of 1 experiment(s)" in exported.stdout
+
+    fresh = {**env, "CEMLAB_LEDGER_URL": f"sqlite:///{tmp_path / 'fresh-ledger.db'}"}
+    imported = orchestrator(fresh, "import", str(bundle.parent))
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    again = orchestrator(fresh, "run", str(spec_path))
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-3000:]
+    skipped = re.findall(r"\((\w{12})\): finished, skipped", output)
+    claimed = re.findall(r"\((\w{12})\): claimed by", output)
+    assert sorted(skipped) == sorted(done) and len(claimed) == 4 - len(done), output[-3000:]
+    rows = Ledger(fresh["CEMLAB_LEDGER_URL"]).trials(1)
+    assert len(rows) == 4 and all(r.status == Status.FINISHED for r in rows)
+    for row in rows:
+        if row.trial_hash in done:  # as the first machine finished it
+            before = done[row.trial_hash]
+            assert (row.metric, row.val_metric) == (before.metric, before.val_metric)
+
+
 def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, tmp_path):
     """Four trials (2 learning rates x 2 seeds) train as one stack under Ray Tune and Train;
     the same four again in an experiment of their own, their worker killed after a
