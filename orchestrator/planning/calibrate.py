@@ -49,17 +49,23 @@ def estimate_wall_s(trials: list[Trial], workload: Workload, slots: int = 1,
                     ) -> dict[str, float]:
     """Estimated wall seconds of every trial of ``workload``, in the stacks its trials train
     in (``form_stacks`` with ``slots`` trials at once): each stack's FLOPs over the calibrated
-    FLOP/s of a stack of its size on one worker times the workers, plus ``TRIAL_OVERHEAD_S`` per
+    FLOP/s of its model's stacks on one worker times the workers, plus ``TRIAL_OVERHEAD_S`` per
     trial, shared evenly by its trials (a trial alone: a stack of one). One calibration per
-    distinct model and stack size."""
-    rates: dict[tuple[ModelConfig, int], float] = {}
+    model for its trials alone, and one for its stacks, at the largest of their sizes (a
+    model's stacks differ in size by at most one)."""
+    stacks = form_stacks(trials, lambda t: t, workload, slots)
+    largest: dict[tuple[ModelConfig, bool], int] = {}
+    for stack in stacks:
+        key = (stack[0].model, len(stack) > 1)
+        largest[key] = max(largest.get(key, 1), len(stack))
+    rates: dict[tuple[ModelConfig, bool], float] = {}
     out = {}
-    for stack in form_stacks(trials, lambda t: t, workload, slots):
+    for stack in stacks:
         t, k = stack[0], len(stack)
-        if (t.model, k) not in rates:
-            rates[(t.model, k)] = achieved_flops_per_s(t, workload, k)
-        compute = sum(m.budget.flops for m in stack) / (rates[(t.model, k)]
-                                                         * t.resources.num_workers)
+        key = (t.model, k > 1)
+        if key not in rates:
+            rates[key] = achieved_flops_per_s(t, workload, largest[key])
+        compute = sum(m.budget.flops for m in stack) / (rates[key] * t.resources.num_workers)
         for m in stack:
             out[m.trial_id] = compute / k + TRIAL_OVERHEAD_S
     return out
