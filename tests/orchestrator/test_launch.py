@@ -118,7 +118,10 @@ def test_checkpoint_names_sort_by_step_and_final_ones_outscore_the_rest():
     assert num_to_keep(3, stack=2) == 7  # the two newest of each member of a stack of 2
 
 
-STACKED = {**PACKED, "resources": {"num_workers": 1, "cpus_per_worker": 1}}
+# Room for 8 trials of each size whatever precision `auto` plans on this CPU (fp32 where there
+# is no bf16, twice the bytes): the cap under test is resources.stack, not the memory bound.
+STACKED = {**PACKED, "resources": {"num_workers": 1, "cpus_per_worker": 1,
+                                   "memory_per_worker_gb": 4}}
 
 
 def test_trials_that_differ_in_lr_and_seed_stack_within_the_cap_and_fill_the_slots():
