@@ -289,7 +289,7 @@ def setup(results: list[ClaimResult]) -> str:
                 fractions[size].add(r.spec.budget.scale_for(size))
     values = set().union(*fractions.values()) if fractions else set()
     if len(values) == 1:
-        budget = (f"every size ({', '.join(fractions)}) on {values.pop():g} of its Chinchilla "
+        budget = (f"every size ({', '.join(fractions)}) on {values.pop():g}x its Chinchilla "
                   f"budget ({'/'.join(f'{p:g}' for p in sorted(per_param))} tokens per "
                   "parameter)")
     elif values:
@@ -309,6 +309,53 @@ def setup(results: list[ClaimResult]) -> str:
                    f"{'/'.join(str(e) for _, e in seeds)} evaluation seeds per arm")
     return (f"Setup: data {', '.join(data)}; {budget}; {per_arm}; {trials} distinct trials "
             f"finished{wall}.{not_run}")
+
+
+_IN_WORDS = {verdicts.SUPPORTS: "holds here", verdicts.CONTRADICTS: "does not hold here",
+             verdicts.EQUIVALENT: "its arms are equal within its margin",
+             verdicts.MIXED: "mixed, its comparisons disagree",
+             verdicts.UNDERPOWERED: "undecided (its section says what would decide it)"}
+
+
+def _side(name: str, base: str | None) -> str:
+    return f"{name} over {base}" if base else name
+
+
+def effect_in_words(e: Effect, metric: str) -> str | None:
+    """One comparison in plain words, e.g. ``cem-attn's test perplexity is 12.3 % higher than
+    llama's, +10.1 to +14.6 %``; with base arms, the two gains' ratio (``cem-attn-t2 over
+    cem-attn-t1 is 2.0 % lower than llama-reuse-t2 over llama-t1``). None without a fit."""
+    if e.estimate is None:
+        return None
+    c = e.comparison
+    if c.treatment_base:
+        head = (f"{_side(c.treatment, c.treatment_base)} is {{}} than "
+                f"{_side(c.control, c.control_base)}")
+    else:
+        head = f"{c.treatment}'s test {metric} is {{}} than {c.control}'s"
+    change = as_percent(e.estimate)
+    words = f"{abs(change):.1f} % {'lower' if change < 0 else 'higher'}"
+    span = (f", {as_percent(e.shown[0]):+.1f} to {as_percent(e.shown[1]):+.1f} %"
+            if e.shown else "")
+    return head.format(words) + span
+
+
+def summary(results: list[ClaimResult]) -> str:
+    """The report's paragraph in plain words: each claim that ran, whether it holds at this
+    scale, and its comparisons' pooled effects with the interval the verdict rests on."""
+    ran = [r for r in results if r.effects]
+    if not ran:
+        return "In plain words: no claim has run yet."
+    sentences = []
+    for r in ran:
+        effects = [w for e in r.effects if (w := effect_in_words(e, r.metric))]
+        said = _IN_WORDS.get(r.verdict, r.verdict)
+        sentences.append(f"({r.claim.key}) \"{r.claim.title}\": {said}"
+                         + (f" ({'; '.join(effects)})" if effects else "") + ".")
+    idle = [f"({r.claim.key})" for r in results if not r.effects]
+    rest = f" Not run yet: {', '.join(idle)}." if idle else ""
+    return (f"In plain words ({len(ran)} of {len(results)} claims run; effects pooled over "
+            "sizes, lower is better): " + " ".join(sentences) + rest)
 
 
 def _hours(span: dt.timedelta) -> str:
@@ -621,6 +668,8 @@ def markdown(results: list[ClaimResult], scale: str, directory: str,
         f"`{code_fingerprint()}`.",
         "",
         setup(results),
+        "",
+        summary(results),
         "",
         "Protocol: per variant and size the learning rate is chosen once, among the learning "
         "rates its bracket trained, on the tuning seeds' mean log validation metric; the test "

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import shutil
+import statistics
 
 import pandas as pd
 import pytest
@@ -388,5 +389,14 @@ def test_report_from_a_bundle_needs_no_ledger_mlflow_or_ray(tmp_path, monkeypatc
     text = (out / "REPORT.md").read_text()
     (row,) = [line for line in text.splitlines() if line.startswith("| (a) ")]
     assert "| **supports** |" in row
+    # In plain words: each arm's effect is its offset's log ratio, averaged over the seeds.
+    (words,) = [line for line in text.splitlines() if line.startswith("In plain words")]
+    for control, offset in (("llama", 0.0), ("llama-alibi", 0.01)):
+        effect = statistics.fmean(math.log((1.02 + 0.001 * s) / (1 + offset + 0.001 * s))
+                                  for s in spec.seeds)
+        assert (f"cem-attn's test perplexity is {100 * math.expm1(effect):.1f} % higher than "
+                f"{control}'s, +") in words
+    assert "(a) \"CEM attention (T=1) is within a few % of Llama" in words
+    assert "parameters\": holds here (cem-attn's" in words and "Not run yet: (b), (c)" in words
     assert "**not run**" in text and (out / "claim-a.png").exists()
     assert not home.exists()  # no embedded store or ledger was made here

@@ -212,7 +212,7 @@ def test_the_report_states_data_seeds_budget_fraction_trials_and_wall(tmp_path):
                   (Comparison("cem-attn", "llama", "not_worse", 0.05),))
     text = write_report([evaluate(claim, equal, ledger)], tmp_path / "out", "cpu",
                         "experiments/paper/").read_text()
-    assert ("Setup: data shakespeare; every size (nano) on 0.25 of its Chinchilla budget (20 "
+    assert ("Setup: data shakespeare; every size (nano) on 0.25x its Chinchilla budget (20 "
             "tokens per parameter); 3 seeds per arm; 18 distinct trials finished, 2.9 h from "
             "the first start to the last finish.") in text  # 17 x 10 min + 5 min
     unequal = parse_spec({**base, "sizes": ["nano", "tiny"],
