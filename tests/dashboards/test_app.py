@@ -100,7 +100,7 @@ def test_compare_recovers_the_power_law_and_the_saving(seeded_store, monkeypatch
 
 def test_compare_says_when_there_are_too_few_sizes(seeded_store, monkeypatch):
     at = page(monkeypatch, seeded_store.uri, "compare.py", cmp_exps=["fig2a-cpu"],
-              cmp_sizes=["nano", "tiny"])  # two of the spec's three sizes
+              cmp_sizes=["pico", "nano"])  # the spec's two sizes
     assert sorted(w.value for w in at.warning) == [  # Llama with ALiBi: a family of its own
         "not enough sizes to fit: CEM attention has 2 sizes, Llama has 2; a power law needs 3",
         "not enough sizes to fit: Llama (ALiBi) has 2 sizes, Llama has 2; a power law needs 3"]
