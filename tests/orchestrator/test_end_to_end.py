@@ -63,6 +63,23 @@ def checkpointed_step(ledger: Ledger, experiment: str, rank: int = 0) -> int:
     return max((json.loads(m.read_text())["step"] for m in manifests), default=0)
 
 
+def train_workers(home: Path) -> list:
+    """The Ray Train worker processes (``psutil.Process``) under the Ray head of the local stack
+    in ``home``: a search of its process tree, so that another Ray cluster on the host (another
+    test's, a study's) is neither counted nor killed."""
+    import psutil
+
+    head = psutil.Process(int((home / "run" / "ray.pid").read_text()))
+    workers = []
+    for process in head.children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(process.cmdline()):
+                workers.append(process)
+        except psutil.NoSuchProcess:  # ended while the tree was read
+            pass
+    return workers
+
+
 def committed_checkpoints(ledger: Ledger, experiment: str) -> list[str]:
     """The checkpoints Ray Train has committed (every rank reported) for the running trial of
     ``experiment``, oldest first, from its checkpoint manager's snapshot."""
@@ -389,8 +406,6 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
 
 
 def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(services, tmp_path):
-    import psutil
-
     home, env = services
     spec = {**SPEC, "name": "bf16-reference", "variants": {"llama": {}},
             "learning_rates": [0.004],
@@ -414,8 +429,7 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     while not committed_checkpoints(ledger, "bf16-killed"):
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    workers = [p for p in psutil.process_iter(["cmdline"])  # the trial's two ranks
-               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    workers = train_workers(home)  # the trial's two ranks
     assert len(workers) == 2, workers
     workers[1].kill()  # SIGKILL one training process; the driver and the other rank live on
     assert checkpointed_step(ledger, "bf16-killed", rank=1) < 200, (
@@ -441,8 +455,6 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
 
 def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(services,
                                                                               tmp_path):
-    import psutil
-
     home, env = services
     # LR 0.003: trials of their own (the two-submissions test trains 0.004's, and the trial
     # cache would hand one test the other's)
@@ -466,8 +478,7 @@ def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     (first,) = finished()
-    workers = [p for p in psutil.process_iter(["cmdline"])
-               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    workers = train_workers(home)
     assert len(workers) == 1, workers
     workers[0].kill()
     output = job.communicate(timeout=600)[0]
@@ -547,8 +558,6 @@ def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, 
     the same four again in an experiment of their own, their worker killed after a
     checkpoint: Ray Train restarts the group, every member resumes from its own checkpoint,
     and ends with the uninterrupted stack's metrics to the bit, each step logged once."""
-    import psutil
-
     home, env = services
     spec = {**SPEC, "name": "stack-reference", "variants": {"llama": {}},
             "learning_rates": [0.002, 0.006], "seeds": [0, 1],
@@ -576,8 +585,7 @@ def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, 
     while members_checkpointed() < 4:
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    workers = [p for p in psutil.process_iter(["cmdline"])
-               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    workers = train_workers(home)
     assert len(workers) == 1, workers
     workers[0].kill()
     assert checkpointed_step(ledger, "stack-killed") < 100, (
@@ -605,8 +613,6 @@ def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, 
 
 
 def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(services, tmp_path):
-    import psutil
-
     home, env = services
     spec = {**SPEC, "name": "one-fails", "variants": {"llama": {}}, "learning_rates": [0.004],
             "seeds": [0, 1],
@@ -630,8 +636,7 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
     while not training():  # a worker killed while its group starts is started again
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    workers = [p for p in psutil.process_iter(["cmdline"])
-               if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    workers = train_workers(home)
     assert workers
     for worker in workers:  # the trial's only worker, and no restart allowed
         worker.kill()
