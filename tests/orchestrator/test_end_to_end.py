@@ -349,8 +349,10 @@ def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(ser
 
 def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(services, tmp_path):
     home, env = services
-    spec = {**SPEC, "name": "resume", "variants": {"llama": {}}, "learning_rates": [0.004],
-            "budget": {"tokens": 200 * 16 * 64},
+    # LR 0.005: a trial of its own (the failed-trial test trains 0.004's 100 steps, and the
+    # trial cache would hand one test the other's)
+    spec = {**SPEC, "name": "resume", "variants": {"llama": {}}, "learning_rates": [0.005],
+            "budget": {"tokens": 100 * 16 * 64},  # 100 steps, a checkpoint every 20
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False}}
     spec_path = write_spec(tmp_path, spec)
     cmd = [sys.executable, "-m", "orchestrator", "run", str(spec_path)]
@@ -400,16 +402,17 @@ def test_an_interrupted_trial_resumes_from_its_checkpoint_in_the_same_run(servic
     # again (the run already had them), and none is missing.
     for key in ("loss", "lr", "tokens_seen"):
         steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
-        assert steps == list(range(1, 201)), key
+        assert steps == list(range(1, 101)), key
     val_steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "val_loss"))
-    assert val_steps == list(range(20, 201, 20))
+    assert val_steps == list(range(20, 101, 20))
 
 
 def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(services, tmp_path):
     home, env = services
     spec = {**SPEC, "name": "bf16-reference", "variants": {"llama": {}},
             "learning_rates": [0.004],
-            "budget": {"tokens": 200 * 16 * 64},
+            "budget": {"tokens": 100 * 16 * 64},  # 100 steps, a checkpoint every 25 (not
+            # every 20: the interrupted trial's, which would hand this test its model)
             "training": {**SPEC["training"], "eval_interval": 25, "eval_sequences": 8,
                          "energy_diagnostics": False},
             "engine": {"precision": "bf16"}}
@@ -432,13 +435,13 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     workers = train_workers(home)  # the trial's two ranks
     assert len(workers) == 2, workers
     workers[1].kill()  # SIGKILL one training process; the driver and the other rank live on
-    assert checkpointed_step(ledger, "bf16-killed", rank=1) < 200, (
+    assert checkpointed_step(ledger, "bf16-killed", rank=1) < 100, (
         "the trial had finished before the kill: nothing was tested")
     output = job.communicate(timeout=600)[0]
     assert job.returncode == 0, output[-3000:]
     # In the same submission, from the last checkpoint Ray Train had committed (all ranks).
     resumed = re.search(r"resumed from step (\d+) ", output)
-    assert resumed and int(resumed.group(1)) in range(25, 200, 25), output[-3000:]
+    assert resumed and int(resumed.group(1)) in range(25, 100, 25), output[-3000:]
     (killed,) = ledger.trials(ledger.experiment("bf16-killed").id)
     (uninterrupted,) = ledger.trials(ledger.experiment("bf16-reference").id)
     assert killed.trial_hash == uninterrupted.trial_hash and killed.status == Status.FINISHED
@@ -450,7 +453,7 @@ def test_a_killed_worker_restarts_in_the_job_and_ends_bit_identical_in_bf16(serv
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     for key in ("loss", "lr", "tokens_seen"):  # every step once in the one run
         steps = sorted(x.step for x in client.get_metric_history(killed.mlflow_run_id, key))
-        assert steps == list(range(1, 201)), key
+        assert steps == list(range(1, 101)), key
 
 
 def test_a_worker_killed_between_two_trials_of_a_pack_loses_and_repeats_nothing(services,
