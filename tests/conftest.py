@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 
-# pytest-xdist (make test) runs the tests that start a Ray cluster (the local stack, the two-host
-# rehearsal, Ray Data) in one process, one at a time: two at once on one host interfere (a job
-# of one stack failed to authenticate with its Ray head). The dashboard tests share one seeded
-# store, made once in the process that runs them.
+# pytest-xdist (make test) runs the tests that start a Ray cluster in two groups, each in one
+# process, one test at a time: those of test_end_to_end.py share one local stack (RAY_CLUSTER);
+# the others each start a cluster of their own (OWN_CLUSTER: the two-host rehearsal, the S3 and
+# PostgreSQL stacks, the evaluation round, Ray Data). The two groups run side by side, so a test
+# acts on its own cluster's processes only (a fault test kills a worker of its stack's process
+# tree), never on the host's. The dashboard tests share one seeded store, made once in the
+# process that runs them.
 RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
+OWN_CLUSTER = pytest.mark.xdist_group("own-cluster")
 DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 
 WORDS = ("the king queen crown sword night day love death honour speak hear thou thee my lord "
