@@ -88,6 +88,12 @@ fi
 "$(dirname "${BASH_SOURCE[0]}")/down.sh" >/dev/null 2>&1 || true
 
 TOKEN="$STATE/ray_auth_token"
+# Ray's temp dir, one per home: Ray's default, /tmp/ray, is shared by every cluster on the host,
+# and Ray's job supervisor points a submitted job's driver at the cluster named in its
+# ray_current_cluster file, i.e. at the cluster started last on the host (another home's, or one
+# since stopped), not at its own. Under /tmp and short: Ray's Unix sockets live under it (at
+# most 107 bytes a path).
+RAY_TEMP_DIR="/tmp/cemlab-ray-$(printf %s "$STATE" | sha256sum | cut -c1-10)"
 if [ ! -s "$TOKEN" ]; then
   (umask 077 && "$PY" -c "import secrets; print(secrets.token_hex(32))" > "$TOKEN")
 fi
@@ -179,6 +185,7 @@ export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH="$TOKEN"
 export RAY_API_SERVER_ADDRESS="http://$BIND:$DASH_PORT"
 export CEMLAB_RAY_GCS_ADDRESS="$BIND:$RAY_PORT"
+export CEMLAB_RAY_TEMP_DIR="$RAY_TEMP_DIR"
 export MLFLOW_TRACKING_URI="$MLFLOW_URI"
 export CEMLAB_LEDGER_URL="$LEDGER_URL"
 export CEMLAB_STORAGE="$STORAGE"
@@ -222,7 +229,7 @@ echo "starting Ray head on $BIND:$RAY_PORT (dashboard http://$BIND:$DASH_PORT, t
 # has run a job (its detached actors live on) waited out the whole 30 s.
 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 ${GLOO_IFACE:+env GLOO_SOCKET_IFNAME=$GLOO_IFACE} \
 setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
-  --node-ip-address="$BIND" --port="$RAY_PORT" \
+  --node-ip-address="$BIND" --port="$RAY_PORT" --temp-dir="$RAY_TEMP_DIR" \
   --dashboard-host="$BIND" --dashboard-port="$DASH_PORT" \
   --dashboard-agent-listen-port="$AGENT_PORT" --ray-client-server-port="$CLIENT_PORT" \
   --num-cpus="${CEMLAB_RAY_CPUS:-$(nproc)}" --object-store-memory=$((1024 * 1024 * 1024)) \

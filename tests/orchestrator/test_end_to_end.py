@@ -123,7 +123,8 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
                for name in ("ray_auth_token", "mlflow_admin_password")]
     logs = "".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*")
                    if p.is_file())
-    logs += "".join(p.read_text(errors="replace") for p in Path("/tmp/ray").rglob("*.log")
+    logs += "".join(p.read_text(errors="replace")
+                    for p in Path(env["CEMLAB_RAY_TEMP_DIR"]).rglob("*.log")
                     if p.is_file() and p.stat().st_size < 2**24)
     spec_artifact = Path(client.download_artifacts(parent.info.run_id, "spec.yaml",
                                                    str(tmp_path))).read_text()
@@ -865,6 +866,17 @@ def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(
     for secret in ("ray_auth_token", "services.env", "mlflow_admin_password", "mlflow_auth.ini",
                    "mlflow_auth.db", "mlflow_flask_secret_key"):
         assert (home / secret).stat().st_mode & 0o777 == 0o600, secret
+
+
+def test_the_stack_keeps_a_ray_temp_dir_of_its_own(services):
+    """Ray's job supervisor points a job's driver at the cluster its temp dir's
+    ray_current_cluster names: in the default /tmp/ray, the cluster started last on the host."""
+    home, env = services
+    temp_dir = Path(env["CEMLAB_RAY_TEMP_DIR"])
+    assert temp_dir != Path("/tmp/ray") and str(home) not in str(temp_dir)
+    assert (temp_dir / "ray_current_cluster").read_text().strip() == env[
+        "CEMLAB_RAY_GCS_ADDRESS"]
+    assert list(temp_dir.glob("session_*/logs/raylet.out"))  # the head's logs are there
 
 
 def test_the_tracking_server_answers_only_authenticated_requests(services):

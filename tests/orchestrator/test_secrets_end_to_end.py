@@ -35,7 +35,8 @@ def test_a_database_password_never_reaches_mlflow_or_a_log(tmp_path, postgres_wi
             "spec.yaml", str(tmp_path))).read_text()
         logs = "".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*")
                        if p.is_file())
-        logs += "".join(p.read_text(errors="replace") for p in Path("/tmp/ray").rglob("*.log")
+        logs += "".join(p.read_text(errors="replace")
+                        for p in Path(env["CEMLAB_RAY_TEMP_DIR"]).rglob("*.log")
                         if p.is_file() and p.stat().st_size < 2**24)
         for run in runs:
             assert password not in json.dumps([run.data.params, run.data.tags])
