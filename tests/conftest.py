@@ -12,8 +12,8 @@ import pytest
 # the others each start a cluster of their own (OWN_CLUSTER: the two-host rehearsal, the S3 and
 # PostgreSQL stacks, the evaluation round, Ray Data). The two groups run side by side, so a test
 # acts on its own cluster's processes only (a fault test kills a worker of its stack's process
-# tree), never on the host's. The dashboard tests share one seeded store, made once in the
-# process that runs them.
+# tree), never on the host's, and each stack keeps a Ray temp dir of its own (infra/local/up.sh).
+# The dashboard tests share one seeded store, made once in the process that runs them.
 RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
 OWN_CLUSTER = pytest.mark.xdist_group("own-cluster")
 DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
