@@ -48,6 +48,16 @@ def services(tmp_path_factory):
         yield started
 
 
+def stack_logs(home: Path, env: dict) -> str:
+    """Every log of the local stack in ``home``: its own (``home/logs``) and Ray's, in the
+    stack's Ray temp dir (``CEMLAB_RAY_TEMP_DIR``; Ray's ``.log`` files under 16 MiB)."""
+    logs = "".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*")
+                   if p.is_file())
+    return logs + "".join(p.read_text(errors="replace")
+                          for p in Path(env["CEMLAB_RAY_TEMP_DIR"]).rglob("*.log")
+                          if p.is_file() and p.stat().st_size < 2**24)
+
+
 def orchestrator(env: dict, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]},

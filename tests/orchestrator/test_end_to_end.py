@@ -28,7 +28,7 @@ from orchestrator.records.model_registry import download_model, model_id_of
 from orchestrator.records.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
 from orchestrator.science.analysis import akima_optimum
 from tests.conftest import RAY_CLUSTER
-from tests.orchestrator.conftest import ROOT, orchestrator, write_spec
+from tests.orchestrator.conftest import ROOT, orchestrator, stack_logs, write_spec
 from workloads.core.architecture import CEM_BEST
 from workloads.core.pack import parse_name
 from workloads.core.provenance import code_fingerprint, git_commit
@@ -121,11 +121,7 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     # artifact) or the logs (the driver's, and every Ray and MLflow log of the stack).
     secrets = [(home / name).read_text().strip()
                for name in ("ray_auth_token", "mlflow_admin_password")]
-    logs = "".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*")
-                   if p.is_file())
-    logs += "".join(p.read_text(errors="replace")
-                    for p in Path(env["CEMLAB_RAY_TEMP_DIR"]).rglob("*.log")
-                    if p.is_file() and p.stat().st_size < 2**24)
+    logs = stack_logs(home, env)
     spec_artifact = Path(client.download_artifacts(parent.info.run_id, "spec.yaml",
                                                    str(tmp_path))).read_text()
     for secret in secrets:

@@ -9,7 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import OWN_CLUSTER
-from tests.orchestrator.conftest import local_services, orchestrator, write_spec
+from tests.orchestrator.conftest import local_services, orchestrator, stack_logs, write_spec
 
 pytestmark = [pytest.mark.slow, OWN_CLUSTER]
 
@@ -33,11 +33,7 @@ def test_a_database_password_never_reaches_mlflow_or_a_log(tmp_path, postgres_wi
         spec_artifact = Path(client.download_artifacts(
             next(r for r in runs if r.data.tags["cemlab.role"] == "experiment").info.run_id,
             "spec.yaml", str(tmp_path))).read_text()
-        logs = "".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*")
-                       if p.is_file())
-        logs += "".join(p.read_text(errors="replace")
-                        for p in Path(env["CEMLAB_RAY_TEMP_DIR"]).rglob("*.log")
-                        if p.is_file() and p.stat().st_size < 2**24)
+        logs = stack_logs(home, env)
         for run in runs:
             assert password not in json.dumps([run.data.params, run.data.tags])
         assert password not in spec_artifact + proc.stdout + proc.stderr + logs
