@@ -2,12 +2,15 @@
 # The Triton CEM attention kernel (CEMAttention.kernel: triton; docs/benchmarks.md, "The Triton
 # CEM attention kernel") on a GPU machine, as one budgeted run, steps in order of worth:
 #
-#   tests          its tests on CUDA tensors (tests/workloads/models/test_cem_triton.py -k cuda:
-#                  forward, every input gradient and c's gradient against the math kernel in
-#                  fp32 and bf16, causality, the compiled and the autocast layer), 240 s at most
+#   tests          its quick tests on CUDA tensors (tests/workloads/models/test_cem_triton.py
+#                  -k cuda -m "not slow": one small shape against the math kernel in fp32 and
+#                  bf16, causality, the layer compiled and under autocast), 120 s at most
+#   attention      one attention call at CEM-134M's sizes (workloads.lm.attention_bench): the
+#                  Triton kernel, with and without c, against the whole FlexAttention path
 #   cem-compiled   step_bench's CEM-134M (cem-best T=2), compiled, bf16, on the Triton kernel,
 #                  with its 30 longest kernels
 #   llama-compiled step_bench's Llama-134M, compiled, bf16
+#   tests-slow     the rest of its tests on CUDA tensors (every shape, T and KQ-diagonal mode)
 #   grid           a four-trial Ray Tune grid of CEM-134M on the Triton kernel (four learning
 #                  rates, 40 steps of 8 x 2048 tokens each, DeepSpeed ZeRO-1, compiled, bf16)
 #                  through `cemlab run`, on CORPUS; it first installs what the trial stack
@@ -16,14 +19,15 @@
 #                  fails or CORPUS is unset
 #   eager          step_bench's CEM-134M on the Triton kernel and Llama-134M, eager
 #
-#   CORPUS='corpus/*.txt' [WHEELS=dir] [STEPS=tests,cem-compiled,...] \
+#   CORPUS='corpus/*.txt' [WHEELS=dir] [STEPS=tests,attention,...] \
 #     bash infra/gpu/triton_check.sh [OUT_DIR] [BUDGET_S]
 #
 # (PRESET=nano PRECISION=fp32 STEPS=cem-compiled,llama-compiled,eager: a dry run of the
 # benches; on a CPU the Triton kernel needs TRITON_INTERPRET=1.) Each step is its own process
 # with its own time limit, cut to what is left of BUDGET_S (default 570); one that would get
 # under 30 s is skipped. Logs and each bench's JSON go to OUT_DIR (default $OUT, else
-# ./gpu-triton); a summary table ends the output.
+# ./gpu-triton); a summary table ends the output. On a machine without a package index, the
+# trial stack's wheels (ray's alone is about 72 MB) must be on the machine before the grid.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 source "$here/infra/gpu/lib.sh"  # begin, step
@@ -31,7 +35,7 @@ begin "${1:-${OUT:-gpu-triton}}" "${2:-570}" triton.log
 cd "$here"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 export CEMLAB_HOME=${CEMLAB_HOME:-/tmp/cemlab-home}
-steps=",${STEPS:-tests,cem-compiled,llama-compiled,grid,eager},"
+steps=",${STEPS:-tests,attention,cem-compiled,llama-compiled,tests-slow,grid,eager},"
 wants() { [[ $steps == *",$1,"* ]]; }
 preset=${PRESET:-llama-134m}
 
@@ -40,28 +44,31 @@ preset=${PRESET:-llama-134m}
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee -a "$log"
 
-# The tests in two runs, the quick ones (the layer compiled and under autocast among them)
-# first: each dtype, tile and row width is one more Triton compile, and the second run has many.
-tests_until=$(($(date +%s) + 240))
-for marks in "not slow" "slow"; do
-  left=$(( (tests_until < deadline ? tests_until : deadline) - $(date +%s) ))
-  wants tests || break
+run_tests() {  # run_tests NAME MARKS LIMIT_S: the kernel's tests on CUDA tensors
+  local left=$((deadline - $(date +%s)))
+  [ "$3" -lt "$left" ] && left=$3
   if [ "$left" -lt 30 ]; then
-    echo "== tests ($marks): skipped, ${left} s left" | tee -a "$log"
-    continue
+    echo "== $1: skipped, ${left} s left" | tee -a "$log"
+    return
   fi
-  echo "== tests ($marks) on CUDA tensors (limit $left s)" | tee -a "$log"
-  began=$(date +%s)
-  timeout -s KILL "$left" python3 -m pytest -q -p no:cacheprovider -k cuda -m "$marks" \
+  echo "== $1 ($2) on CUDA tensors (limit $left s)" | tee -a "$log"
+  local began=$(date +%s)
+  timeout -s KILL "$left" python3 -m pytest -q -p no:cacheprovider -k cuda -m "$2" \
     tests/workloads/models/test_cem_triton.py >>"$log" 2>&1
-  echo "== tests ($marks): exit $?, $(($(date +%s) - began)) s" | tee -a "$log"
-done
+  echo "== $1: exit $?, $(($(date +%s) - began)) s" | tee -a "$log"
+}
 
+wants tests && run_tests tests "not slow" 120
+wants attention && step attention 120 workloads.lm.attention_bench --preset "cem-${preset#*-}" \
+  --cases "alibi_flex_attention,Triton kernel,Triton kernel (no shared scores)" \
+  --json-out "$out/attention.json"
 bench=(--preset "$preset" --precision "${PRECISION:-bf16}" --rounds 1 --seconds 3)
 wants cem-compiled && step cem-compiled 200 workloads.lm.step_bench --cem-kernel triton "${bench[@]}" \
   --variants "cem-best T=2" --compile --profile 30 --json-out "$out/cem-compiled.json"
 wants llama-compiled && step llama-compiled 90 workloads.lm.step_bench "${bench[@]}" \
   --variants llama --compile --json-out "$out/llama-compiled.json"
+
+wants tests-slow && run_tests tests-slow slow 240
 
 install_trial_stack() {  # pip-installs the trial stack's missing packages; 0 when all import
   local check="import ray.tune, ray.train, deepspeed, mlflow, pydantic, pydantic_settings, yaml"
@@ -126,6 +133,8 @@ import json, pathlib, sys
 from tabulate import tabulate
 rows = []
 for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    if path.stem == "attention":  # not model rows
+        continue
     for row in json.loads(path.read_text()):
         rows.append({"run": path.stem, "variant": row["variant"], "step_ms": row["step_ms"],
                      "tokens_per_s": row["tokens_per_s"], "mfu_%": 100 * row["mfu"],

@@ -17,7 +17,10 @@ every head's scores (``workloads.models.flex``):
 - ``c bf16, head-major, no gradient``: c read but not differentiated, so the backward makes no
   atomic adds into its gradient;
 - ``alibi_flex_attention``: the whole function (the head-major kernel and the own key's merge);
-- ``c product (u D) h~ᵀ``: the (B, T, D) x (B, D, T) product that computes c, outside the kernel.
+- ``c product (u D) h~ᵀ``: the (B, T, D) x (B, D, T) product that computes c, outside the kernel;
+- ``Triton kernel``: ``models.kernels.cem_attention`` (``CEMAttention.kernel: triton``), the
+  whole step's attention in its own kernels, c from its factors (u D, h~) and the own key
+  inside; ``Triton kernel (no shared scores)``: the same without c.
 
 ``--sweep`` times instead the floors of any attention at these sizes (``SDPA flash, causal``:
 Llama's kernel; ``SDPA cuDNN, causal``; ``FlexAttention, causal``: no ``score_mod``) and, for
@@ -144,6 +147,12 @@ def cases(x: dict[str, torch.Tensor], attend: Callable,
     if options is not None:
         return {name: functools.partial(kernel_with_c, tuning=tuning)
                 for name, tuning in options.items()}
+    def triton_kernel(with_c: bool) -> torch.Tensor:
+        from workloads.models.kernels.cem_attention import cem_attention  # imports triton
+
+        factors = (x["a"], x["h"]) if with_c else (None, None)
+        return cem_attention(q, k, k, slopes, x["self_bias"], x["cross_bias"], scale, *factors)
+
     return {
         "no shared scores": lambda: kernel(None, head_major=True),
         "c bf16, head-major grid": lambda: kernel(shared(), head_major=True),
@@ -153,6 +162,8 @@ def cases(x: dict[str, torch.Tensor], attend: Callable,
         "alibi_flex_attention": lambda: alibi_flex_attention(
             q, k, k, slopes, x["self_bias"], x["cross_bias"], scale, shared()),
         "c product (u D) h~ᵀ": shared,
+        "Triton kernel": lambda: triton_kernel(with_c=True),
+        "Triton kernel (no shared scores)": lambda: triton_kernel(with_c=False),
     }
 
 
@@ -227,18 +238,27 @@ def sweep(x: dict[str, torch.Tensor], attend: Callable, leaves: list[torch.Tenso
     return rows
 
 
-def run(preset: str, batch: int, with_sweep: bool = False) -> list[dict]:
-    """One row per ``cases`` entry at ``preset``'s sizes on the GPU, in bf16 (``with_sweep``:
-    the rows of ``sweep`` instead): forward ms, forward+backward ms, each relative to the first
-    row (``no shared scores``; in a sweep ``SDPA flash, causal``), and the first calls'
-    seconds."""
+def run(preset: str, batch: int, with_sweep: bool = False,
+        only: list[str] | None = None) -> list[dict]:
+    """One row per ``cases`` entry at ``preset``'s sizes on the GPU, in bf16 (``only``: those
+    named, in ``cases``' order; ``with_sweep``: the rows of ``sweep`` instead): forward ms,
+    forward+backward ms, each relative to the first row timed (``no shared scores``; in a sweep
+    ``SDPA flash, causal``), and the first calls' seconds.
+
+    Raises:
+        ValueError: a name in ``only`` that is no row of ``cases``.
+    """
     torch._dynamo.config.recompile_limit = 64  # one FlexAttention compile per row and mode
     cfg = ModelConfig.from_preset(preset)
     x = inputs(cfg, batch, torch.device("cuda"), torch.bfloat16)
     leaves = [t for t in x.values() if t.requires_grad]
     attend = _compiled_flex_attention()
+    calls = cases(x, attend)
+    if unknown := set(only or ()) - set(calls):
+        raise ValueError(f"--cases: no row named {sorted(unknown)}; the rows: {list(calls)}")
     rows = (sweep(x, attend, leaves) if with_sweep
-            else [_row(name, call, leaves) for name, call in cases(x, attend).items()])
+            else [_row(name, call, leaves) for name, call in calls.items()
+                  if not only or name in only])
     floor = rows[0]
     for row in rows:
         row["forward_vs_floor"] = row["forward_ms"] / floor["forward_ms"]
@@ -259,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="cem-134m")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--json-out", help="also write the rows to this JSON file")
+    parser.add_argument("--cases", type=lambda s: [c.strip() for c in s.split(",")],
+                        help="time only these rows (comma-separated names, as printed)")
     parser.add_argument("--sweep", action="store_true",
                         help="time the floors and the kernel tuning options' rows instead")
     parser.add_argument("--best-out", help="write the fastest swept kernel options (JSON, as "
@@ -268,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: python -m workloads.lm.attention_bench needs a CUDA GPU (FlexAttention "
                  "compiles and trains only there)")
     cfg = ModelConfig.from_preset(args.preset)
-    rows = run(args.preset, args.batch, with_sweep=args.sweep or bool(args.best_out))
+    rows = run(args.preset, args.batch, with_sweep=args.sweep or bool(args.best_out),
+               only=args.cases)
     print(f"one CEM attention kernel call, preset {args.preset}: batch {args.batch} x "
           f"{cfg.n_head} heads x {cfg.context_length} tokens x d_head {cfg.d_head}, bf16, on "
           f"{torch.cuda.get_device_name()} (torch {torch.__version__})")

@@ -74,20 +74,19 @@ class CEMAttention(nn.Module):
     buffer ``alibi_slopes`` (K,). Input and output (B, T, D).
     """
 
-    # How the scores become outputs: ``sdpa`` (torch's scaled_dot_product_attention with the
-    # bias as its float mask; on a CPU with a bias that needs a gradient, its math kernel written
-    # out, ``sdpa_math``), ``math`` (``sdpa_math`` always: plain ops, which ``torch.func.vmap``
-    # batches for stacked trials), ``explicit`` (scores, softmax and the weighted sum as three
-    # ops: the reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or
-    # ``auto``: flex to train on a GPU, sdpa elsewhere (FlexAttention has no CPU backward; see
-    # ``uses_flex``), or ``triton`` (the Triton kernels of ``models.kernels.cem_attention``,
-    # forward and backward, computing the shared diagonal's scores themselves; on a CPU only
-    # under Triton's interpreter). The Newton step needs the probabilities, so it takes sdpa's
-    # (explicit) path whatever is set. The default is ``CEMLAB_CEM_KERNEL`` (``auto`` unset).
-    # In bf16 on a CPU, ``explicit`` is the fastest, but it rounds the scores to bf16 before
-    # the softmax, which SDPA (like the fused kernel of Llama's attention) does not, a
-    # numerical difference between the variants compared: it is not the default
-    # (docs/benchmarks.md).
+    # How the scores become outputs: ``sdpa`` (torch's scaled_dot_product_attention with the bias as
+    # its float mask; on a CPU with a bias that needs a gradient, its math kernel written out,
+    # ``sdpa_math``), ``math`` (``sdpa_math`` always: plain ops, which ``torch.func.vmap`` batches
+    # for stacked trials), ``explicit`` (scores, softmax and the weighted sum as three ops: the
+    # reference), ``flex`` (FlexAttention, the bias a score_mod: ``models.flex``) or ``auto``: flex
+    # to train on a GPU, sdpa elsewhere (FlexAttention has no CPU backward; see ``uses_flex``), or
+    # ``triton`` (the Triton kernels of ``models.kernels.cem_attention``, forward and backward, the
+    # shared diagonal's scores one batched matrix product that every head's kernel reads; on a CPU
+    # only under Triton's interpreter). The Newton step needs the probabilities, so it takes sdpa's
+    # (explicit) path whatever is set. The default is ``CEMLAB_CEM_KERNEL`` (``auto`` unset). In
+    # bf16 on a CPU, ``explicit`` is the fastest, but it rounds the scores to bf16 before the
+    # softmax, which SDPA (like the fused kernel of Llama's attention) does not, a numerical
+    # difference between the variants compared: it is not the default (docs/benchmarks.md).
     kernel: str = _kernel_from_env()
 
     def __init__(self, cfg: ModelConfig) -> None:

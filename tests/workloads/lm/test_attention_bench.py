@@ -21,6 +21,8 @@ def test_every_way_of_reading_the_shared_scores_computes_the_same_attention(monk
     leaves = [x["q"], x["k"]]
     results = {}
     for name, call in attention_bench.cases(x, flex_attention).items():
+        if name.startswith("Triton kernel"):  # CPU tensors need Triton's interpreter: the
+            continue  # kernel's equality to the math kernel is test_cem_triton's
         out = call()
         results[name] = [out, *(torch.autograd.grad(out.square().sum(), leaves, allow_unused=True)
                                 if out.dim() == 4 else ())]

@@ -7,14 +7,15 @@ does), so the cases run in one child Python per module started with ``TRITON_INT
 (``_Interpreter``), or in this process when it interprets already. On a GPU each case runs
 here too, on CUDA tensors, with the compiled kernels (and bf16).
 
-What is compared: the forward output; the gradient of every input (q, k, v, the shared
-scores' factors cq and ck, b_self, b_cross; for the layer, its input h and every parameter);
-c's own gradient (with ck the identity, c = scale cq, so cq's gradient is scale dL/dc); at
-sequence lengths 1, 16 (one tile), 37 and 100 (not a multiple of the tile), for one and two
-recursion steps and each KQ-diagonal mode; in fp32 and fp64 under the interpreter, fp32 and
-bf16 on a GPU. Tolerances, per dtype, bound the largest absolute difference relative to the
-reference's largest magnitude (``TOLERANCE``). ``make test-fast`` runs one small shape of the
-kernel and of the layer, the kernel's causality and the argument checks; the rest is ``slow``.
+What is compared: the forward output; the gradient of every input (q, k, v, the shared scores'
+factors cq and ck, b_self, b_cross; for the layer, its input h and every parameter); c's own
+gradient (with ck the identity, c = scale cq, so cq's gradient is scale dL/dc); at sequence lengths
+1, 16 (one tile), 37 and 100 (not a multiple of the tile), for one and two recursion steps and each
+KQ-diagonal mode; in fp32 and fp64 under the interpreter, fp32 and bf16 on a GPU (the kernel's own
+cases against the math kernel in fp64 on the same input values, the layer's against the math kernel
+in the same dtype). Tolerances, per dtype, bound the largest absolute difference relative to the
+reference's largest magnitude (``TOLERANCE``). ``make test-fast`` runs one small shape of the kernel
+and of the layer, the kernel's causality and the argument checks; the rest is ``slow``.
 """
 
 from __future__ import annotations
@@ -188,16 +189,19 @@ def _triton(x: dict[str, torch.Tensor], slopes: torch.Tensor, scale: float,
 
 def case_kernel_matches_math(device: str, dtype: str, seq_len: int, shared: bool,
                              block: int = 16) -> None:
-    """The output and the gradients of q, k, v, cq, ck, b_self and b_cross."""
+    """The output and the gradients of q, k, v, cq, ck, b_self and b_cross, against the math
+    kernel in fp64 on the same input values: in bf16 the math kernel's own rounding of the
+    biases' gradients (a sum over every score) exceeds the kernel's, which sums in fp32."""
     x = _inputs(device, dtype, seq_len, shared)
+    x64 = {n: t.detach().double().requires_grad_() for n, t in x.items()}
     slopes, scale = alibi_slopes(x["q"].shape[1]).to(device), x["q"].shape[-1] ** -0.5
-    out, ref = _triton(x, slopes, scale, block), _math(x, slopes, scale)
+    out, ref = _triton(x, slopes, scale, block), _math(x64, slopes, scale)
     _close("o", out, ref, dtype)
     weight = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1),
                          dtype=torch.float64).to(ref)
     names = list(x)
-    grads = torch.autograd.grad((out * weight).sum(), [x[n] for n in names])
-    ref_grads = torch.autograd.grad((ref * weight).sum(), [x[n] for n in names])
+    grads = torch.autograd.grad((out * weight.to(out)).sum(), [x[n] for n in names])
+    ref_grads = torch.autograd.grad((ref * weight).sum(), [x64[n] for n in names])
     for name, got, want in zip(names, grads, ref_grads):
         _close(f"d{name}", got, want, dtype)
 
@@ -313,7 +317,8 @@ def case_custom_ops_pass_opcheck(device: str, dtype: str) -> None:
     acc = torch.float64 if dtype == "float64" else torch.float32
     slopes = alibi_slopes(3).to(device, acc)
     own = (x["self_bias"] - x["cross_bias"]).detach().to(acc).requires_grad_()
-    args = (x["q"], x["k"], x["v"], x["cq"], x["ck"], slopes, own, 8 ** -0.5, 16)
+    c = (x["cq"] @ x["ck"].transpose(-1, -2)).detach().requires_grad_()
+    args = (x["q"], x["k"], x["v"], c, slopes, own, 8 ** -0.5, 16)
     torch.library.opcheck(kernels._forward_op, args,
                           test_utils=("test_schema", "test_autograd_registration",
                                       "test_faketensor"))

@@ -6,25 +6,23 @@ and query i, over the keys j <= i with the scores
     s_ijk = scale q_ikᵀ k_jk + c_ij - m_k (i - j) + [i == j] b_self + [i != j] b_cross
     c_ij  = scale cq_iᵀ ck_j        (the shared KQ diagonal: cq = D u, ck = h~; else 0)
 
-and returns o_ik = sum_j p_ijk v_jk, p = softmax_j s (``cem_attention``). The kernels:
+and returns o_ik = sum_j p_ijk v_jk, p = softmax_j s (``cem_attention``). c, the same
+(B, T, T) term for every head, is one batched matrix product in the input dtype (cuBLAS on a
+GPU), outside the kernels, and its gradient reaches cq and ck through that product's own
+backward. The kernels:
 
-* forward: one program per (sequence, query tile) runs all K heads in turn. Its first head
-  computes each tile of c from cq and ck, for the key tiles at or below the diagonal only, and
-  stores it; the other heads read it back (a (B, T, T) buffer in the accumulation dtype, its
-  tiles at or below the diagonal written, that the backward reads again: c is computed once
-  for every head). The query's own key is one more score of the diagonal
-  tile: the learned biases enter as their difference b_self - b_cross at i == j (a constant
-  over a row leaves the softmax unchanged), read once per program. It stores o and the
-  log-sum-exp l_ik of the scores.
-* backward, dq and dc: one program per (sequence, query tile), key tiles outer and heads
-  inner: it recomputes p from l, forms dS_ijk = p_ijk (dp_ijk - delta_ik) with
-  dp_ijk = dO_ikᵀ v_jk and delta_ik = dO_ikᵀ o_ik, adds the heads' dS into c's gradient
-  dc_ij = sum_k dS_ijk in registers and stores each tile of it once; dq accumulates, in an
-  fp32 buffer that only this program touches, over the key tiles (no atomic adds anywhere).
-* backward, dk and dv: one program per (sequence, key tile), heads outer and query tiles
-  inner, from the same recomputed p and dS.
-* c's gradient to its factors: dcq = scale dc ck and dck = scale dcᵀ cq over the tiles at or
-  below the diagonal only.
+* forward: one program per (sequence, head, query tile), over the key tiles at or below the
+  diagonal, reading c's tile; the query's own key is one more score of the diagonal tile: the
+  learned biases enter as their difference b_self - b_cross at i == j (a constant over a row
+  leaves the softmax unchanged). It stores o and the log-sum-exp l_ik of the scores.
+* backward, dq: one program per (sequence, head, query tile), over the key tiles, recomputing
+  p from l and dS_ijk = p_ijk (dp_ijk - delta_ik) with dp_ijk = dO_ikᵀ v_jk and
+  delta_ik = dO_ikᵀ o_ik; dq stays in registers.
+* backward, dk and dv: one program per (sequence, head, key tile), over the query tiles at or
+  below the diagonal, from the same recomputed p and dS.
+* backward, c's gradient dc_ij = sum_k dS_ijk: one program per (sequence, query tile, key
+  tile) at or below the diagonal, the heads inner, dc summed in registers and stored once (no
+  atomic adds); above the diagonal dc is zero.
 
 The gradient of b_self - b_cross is sum_{b,k,i} dS_iik, computed outside the kernels from l
 (a sum over T values per head and sequence); b_self receives it and b_cross its negative
@@ -48,84 +46,78 @@ from torch import Tensor
 # -- kernels ----------------------------------------------------------------------------------
 
 @triton.jit
-def _scores(q, k, c, slope, own, offs_m, offs_n, T, scale, HAS_C: tl.constexpr,
-            ACC: tl.constexpr, PRECISION: tl.constexpr):
+def _scores(q, k, c, slope, own, offs_m, offs_n, T, scale, ACC: tl.constexpr,
+            PRECISION: tl.constexpr):
     """The tile of s (BLOCK_M, BLOCK_N) in ACC, -inf where j > i or j >= T."""
-    s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION) * scale
-    if HAS_C:
-        s += c
+    s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION) * scale + c
     diff = offs_m[:, None] - offs_n[None, :]
     s = s - slope * diff.to(ACC) + tl.where(diff == 0, own, 0.0).to(ACC)
     return tl.where((diff >= 0) & (offs_n < T)[None, :], s, float("-inf"))
 
 
 @triton.jit
-def _forward_kernel(q_ptr, k_ptr, v_ptr, cq_ptr, ck_ptr, slopes_ptr, own_ptr,
-                    o_ptr, lse_ptr, c_ptr, scale, T, K, E, EV, DC,
-                    HAS_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, BLOCK_DC: tl.constexpr,
+def _c_tile(c_ptr, b, offs_m, offs_n, T, HAS_C: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, ACC: tl.constexpr):
+    """c's tile (BLOCK_M, BLOCK_N) of sequence b in ACC, 0 outside [0, T)^2 or without c."""
+    if HAS_C:
+        ok = (offs_m < T)[:, None] & (offs_n < T)[None, :]
+        c = tl.load(c_ptr + b * T * T + offs_m[:, None] * T + offs_n[None, :], mask=ok,
+                    other=0.0).to(ACC)
+    else:
+        c = tl.full((BLOCK_M, BLOCK_N), 0.0, ACC)
+    return c
+
+
+@triton.jit
+def _rows(ptr, rows, offs, T, width, offs_w):
+    """The rows ``offs`` (< T) of a (T, width) slab starting at row ``rows``, 0 past T."""
+    return tl.load(ptr + (rows + offs)[:, None] * width + offs_w[None, :],
+                   mask=(offs < T)[:, None] & (offs_w < width)[None, :], other=0.0)
+
+
+@triton.jit
+def _forward_kernel(q_ptr, k_ptr, v_ptr, c_ptr, slopes_ptr, own_ptr, o_ptr, lse_ptr, scale,
+                    T, K, E, EV, HAS_C: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                     ACC: tl.constexpr, PRECISION: tl.constexpr):
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (last) tiles first
-    b = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // K, bh % K
+    rows = bh * T
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
-    offs_dc = tl.arange(0, BLOCK_DC)
     row_ok = offs_m < T
     own = tl.load(own_ptr).to(ACC)
-    n_end = tl.minimum((m_block + 1) * BLOCK_M, T)
-    c_rows = c_ptr + b * T * T + offs_m[:, None] * T
-    for h in range(K):
-        slope = tl.load(slopes_ptr + h).to(ACC)
-        rows = (b * K + h) * T
-        q = tl.load(q_ptr + (rows + offs_m)[:, None] * E + offs_e[None, :],
-                    mask=row_ok[:, None] & (offs_e < E)[None, :], other=0.0)
-        m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
-        l_i = tl.full((BLOCK_M,), 0.0, ACC)
-        acc = tl.full((BLOCK_M, BLOCK_EV), 0.0, ACC)
-        for n_start in range(0, n_end, BLOCK_N):
-            offs_n = n_start + tl.arange(0, BLOCK_N)
-            col_ok = offs_n < T
-            k = tl.load(k_ptr + (rows + offs_n)[:, None] * E + offs_e[None, :],
-                        mask=col_ok[:, None] & (offs_e < E)[None, :], other=0.0)
-            c = tl.full((BLOCK_M, BLOCK_N), 0.0, ACC)
-            if HAS_C:
-                tile_ok = row_ok[:, None] & col_ok[None, :]
-                if h == 0:  # c's tile, from cq and ck, once for all heads
-                    for d in range(0, DC, BLOCK_DC):
-                        d_ok = (d + offs_dc) < DC
-                        cq = tl.load(cq_ptr + (b * T + offs_m)[:, None] * DC + d + offs_dc[None, :],
-                                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-                        ck = tl.load(ck_ptr + (b * T + offs_n)[:, None] * DC + d + offs_dc[None, :],
-                                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-                        c += tl.dot(cq, tl.trans(ck), out_dtype=ACC, input_precision=PRECISION)
-                    c = c * scale
-                    tl.store(c_rows + offs_n[None, :], c, mask=tile_ok)
-                else:
-                    c = tl.load(c_rows + offs_n[None, :], mask=tile_ok, other=0.0)
-            s = _scores(q, k, c, slope, own, offs_m, offs_n, T, scale, HAS_C, ACC, PRECISION)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + (rows + offs_n)[:, None] * EV + offs_ev[None, :],
-                        mask=col_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=ACC,
-                                                input_precision=PRECISION)
-            m_i = m_new
-        if HAS_C:
-            tl.debug_barrier()  # the first head's stores of c, before the next head reads them
-        o = acc / l_i[:, None]
-        tl.store(o_ptr + (rows + offs_m)[:, None] * EV + offs_ev[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_ev < EV)[None, :])
-        tl.store(lse_ptr + rows + offs_m, m_i + tl.log(l_i), mask=row_ok)
+    slope = tl.load(slopes_ptr + h).to(ACC)
+    q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
+    m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
+    l_i = tl.full((BLOCK_M,), 0.0, ACC)
+    acc = tl.full((BLOCK_M, BLOCK_EV), 0.0, ACC)
+    for n_start in range(0, tl.minimum((m_block + 1) * BLOCK_M, T), BLOCK_N):
+        offs_n = n_start + tl.arange(0, BLOCK_N)
+        k = _rows(k_ptr, rows, offs_n, T, E, offs_e)
+        c = _c_tile(c_ptr, b, offs_m, offs_n, T, HAS_C, BLOCK_M, BLOCK_N, ACC)
+        s = _scores(q, k, c, slope, own, offs_m, offs_n, T, scale, ACC, PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _rows(v_ptr, rows, offs_n, T, EV, offs_ev)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=ACC,
+                                            input_precision=PRECISION)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(o_ptr + (rows + offs_m)[:, None] * EV + offs_ev[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_ev < EV)[None, :])
+    tl.store(lse_ptr + rows + offs_m, m_i + tl.log(l_i), mask=row_ok)
 
 
 @triton.jit
 def _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
-              HAS_C: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
+              ACC: tl.constexpr, PRECISION: tl.constexpr):
     """p and dS (BLOCK_M, BLOCK_N) in ACC, recomputed from the log-sum-exp; 0 where masked."""
-    s = _scores(q, k, c, slope, own, offs_m, offs_n, T, scale, HAS_C, ACC, PRECISION)
+    s = _scores(q, k, c, slope, own, offs_m, offs_n, T, scale, ACC, PRECISION)
     p = tl.where((offs_m < T)[:, None], tl.exp(s - lse[:, None]), 0.0)
     dp = tl.dot(do, tl.trans(v), out_dtype=ACC, input_precision=PRECISION)
     return p, p * (dp - delta[:, None])
@@ -133,138 +125,109 @@ def _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
 
 @triton.jit
 def _backward_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, c_ptr, slopes_ptr,
-                        own_ptr, dq_ptr, dc_ptr, scale, T, K, E, EV,
-                        HAS_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                        ACC: tl.constexpr, PRECISION: tl.constexpr):
+                        own_ptr, dq_ptr, scale, T, K, E, EV, HAS_C: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                        BLOCK_EV: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (last) tiles first
-    b = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // K, bh % K
+    rows = bh * T
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     row_ok = offs_m < T
-    q_mask = row_ok[:, None] & (offs_e < E)[None, :]
     own = tl.load(own_ptr).to(ACC)
-    n_end = tl.minimum((m_block + 1) * BLOCK_M, T)
-    for n_start in range(0, n_end, BLOCK_N):
+    slope = tl.load(slopes_ptr + h).to(ACC)
+    q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
+    do = _rows(do_ptr, rows, offs_m, T, EV, offs_ev)
+    lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
+    dq = tl.full((BLOCK_M, BLOCK_E), 0.0, ACC)
+    for n_start in range(0, tl.minimum((m_block + 1) * BLOCK_M, T), BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < T
-        tile = b * T * T + offs_m[:, None] * T + offs_n[None, :]
-        tile_ok = row_ok[:, None] & col_ok[None, :]
-        c = tl.full((BLOCK_M, BLOCK_N), 0.0, ACC)
-        if HAS_C:
-            c = tl.load(c_ptr + tile, mask=tile_ok, other=0.0)
-        dc = tl.full((BLOCK_M, BLOCK_N), 0.0, ACC)
-        for h in range(K):
-            slope = tl.load(slopes_ptr + h).to(ACC)
-            rows = (b * K + h) * T
-            q = tl.load(q_ptr + (rows + offs_m)[:, None] * E + offs_e[None, :], mask=q_mask,
-                        other=0.0)
-            do = tl.load(do_ptr + (rows + offs_m)[:, None] * EV + offs_ev[None, :],
-                         mask=row_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
-            lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
-            k = tl.load(k_ptr + (rows + offs_n)[:, None] * E + offs_e[None, :],
-                        mask=col_ok[:, None] & (offs_e < E)[None, :], other=0.0)
-            v = tl.load(v_ptr + (rows + offs_n)[:, None] * EV + offs_ev[None, :],
-                        mask=col_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
-            p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
-                              HAS_C, ACC, PRECISION)
-            dc += ds
-            dq_at = dq_ptr + (rows + offs_m)[:, None] * E + offs_e[None, :]
-            dq = tl.load(dq_at, mask=q_mask, other=0.0)
-            dq += scale * tl.dot(ds.to(k.dtype), k, out_dtype=ACC, input_precision=PRECISION)
-            tl.store(dq_at, dq, mask=q_mask)
-        if HAS_C:
-            tl.store(dc_ptr + tile, dc, mask=tile_ok)
-        tl.debug_barrier()  # this program's dq stores, before its next key tile reads them
+        k = _rows(k_ptr, rows, offs_n, T, E, offs_e)
+        v = _rows(v_ptr, rows, offs_n, T, EV, offs_ev)
+        c = _c_tile(c_ptr, b, offs_m, offs_n, T, HAS_C, BLOCK_M, BLOCK_N, ACC)
+        p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
+                          ACC, PRECISION)
+        dq += tl.dot(ds.to(k.dtype), k, out_dtype=ACC, input_precision=PRECISION)
+    tl.store(dq_ptr + (rows + offs_m)[:, None] * E + offs_e[None, :],
+             (scale * dq).to(dq_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_e < E)[None, :])
 
 
 @triton.jit
 def _backward_dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, c_ptr, slopes_ptr,
-                         own_ptr, dk_ptr, dv_ptr, scale, T, K, E, EV,
-                         HAS_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                         ACC: tl.constexpr, PRECISION: tl.constexpr):
+                         own_ptr, dk_ptr, dv_ptr, scale, T, K, E, EV, HAS_C: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                         BLOCK_EV: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
     n_block = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // K, bh % K
+    rows = bh * T
     offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     col_ok = offs_n < T
-    k_mask = col_ok[:, None] & (offs_e < E)[None, :]
-    v_mask = col_ok[:, None] & (offs_ev < EV)[None, :]
     own = tl.load(own_ptr).to(ACC)
+    slope = tl.load(slopes_ptr + h).to(ACC)
+    k = _rows(k_ptr, rows, offs_n, T, E, offs_e)
+    v = _rows(v_ptr, rows, offs_n, T, EV, offs_ev)
+    dk = tl.full((BLOCK_N, BLOCK_E), 0.0, ACC)
+    dv = tl.full((BLOCK_N, BLOCK_EV), 0.0, ACC)
     m_begin = (n_block * BLOCK_N // BLOCK_M) * BLOCK_M  # the first query tile with a row >= j
-    for h in range(K):
-        slope = tl.load(slopes_ptr + h).to(ACC)
-        rows = (b * K + h) * T
-        k = tl.load(k_ptr + (rows + offs_n)[:, None] * E + offs_e[None, :], mask=k_mask,
-                    other=0.0)
-        v = tl.load(v_ptr + (rows + offs_n)[:, None] * EV + offs_ev[None, :], mask=v_mask,
-                    other=0.0)
-        dk = tl.full((BLOCK_N, BLOCK_E), 0.0, ACC)
-        dv = tl.full((BLOCK_N, BLOCK_EV), 0.0, ACC)
-        for m_start in range(m_begin, T, BLOCK_M):
-            offs_m = m_start + tl.arange(0, BLOCK_M)
-            row_ok = offs_m < T
-            c = tl.full((BLOCK_M, BLOCK_N), 0.0, ACC)
-            if HAS_C:
-                c = tl.load(c_ptr + b * T * T + offs_m[:, None] * T + offs_n[None, :],
-                            mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            q = tl.load(q_ptr + (rows + offs_m)[:, None] * E + offs_e[None, :],
-                        mask=row_ok[:, None] & (offs_e < E)[None, :], other=0.0)
-            do = tl.load(do_ptr + (rows + offs_m)[:, None] * EV + offs_ev[None, :],
-                         mask=row_ok[:, None] & (offs_ev < EV)[None, :], other=0.0)
-            lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
-            p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
-                              HAS_C, ACC, PRECISION)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, out_dtype=ACC, input_precision=PRECISION)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, out_dtype=ACC, input_precision=PRECISION)
-        tl.store(dk_ptr + (rows + offs_n)[:, None] * E + offs_e[None, :],
-                 (scale * dk).to(dk_ptr.dtype.element_ty), mask=k_mask)
-        tl.store(dv_ptr + (rows + offs_n)[:, None] * EV + offs_ev[None, :],
-                 dv.to(dv_ptr.dtype.element_ty), mask=v_mask)
+    for m_start in range(m_begin, T, BLOCK_M):
+        offs_m = m_start + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < T
+        q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
+        do = _rows(do_ptr, rows, offs_m, T, EV, offs_ev)
+        lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
+        c = _c_tile(c_ptr, b, offs_m, offs_n, T, HAS_C, BLOCK_M, BLOCK_N, ACC)
+        p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
+                          ACC, PRECISION)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, out_dtype=ACC, input_precision=PRECISION)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, out_dtype=ACC, input_precision=PRECISION)
+    tl.store(dk_ptr + (rows + offs_n)[:, None] * E + offs_e[None, :],
+             (scale * dk).to(dk_ptr.dtype.element_ty),
+             mask=col_ok[:, None] & (offs_e < E)[None, :])
+    tl.store(dv_ptr + (rows + offs_n)[:, None] * EV + offs_ev[None, :],
+             dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None] & (offs_ev < EV)[None, :])
 
 
 @triton.jit
-def _c_factor_grad_kernel(dc_ptr, x_ptr, out_ptr, scale, T, DC,
-                          TRANSPOSED: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_DC: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
-    """out_r = scale sum_j dc_rj x_j (``TRANSPOSED``: scale sum_i dc_ir x_i) over the entries
-    at or below the diagonal; one program per (sequence, row tile, column chunk of DC)."""
-    r_block = tl.program_id(0)
-    d = tl.program_id(1) * BLOCK_DC
+def _backward_dc_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, c_ptr, slopes_ptr,
+                        own_ptr, dc_ptr, scale, T, K, E, EV, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                        ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """dc's tile sum_k dS_ijk, the heads inner; programs of tiles above the diagonal idle."""
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    n_block = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
-    offs_r = r_block * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = d + tl.arange(0, BLOCK_DC)
-    r_ok = offs_r < T
-    d_ok = offs_d < DC
-    out = tl.full((BLOCK_T, BLOCK_DC), 0.0, ACC)
-    if TRANSPOSED:  # r = j: the query tiles i >= j
-        begin = r_block * BLOCK_T
-        end = T
-    else:  # r = i: the key tiles j <= i
-        begin = 0
-        end = tl.minimum((r_block + 1) * BLOCK_T, T)
-    for start in range(begin, end, BLOCK_T):
-        offs_s = start + tl.arange(0, BLOCK_T)
-        s_ok = offs_s < T
-        x = tl.load(x_ptr + (b * T + offs_s)[:, None] * DC + offs_d[None, :],
-                    mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(ACC)
-        if TRANSPOSED:  # the tile dc[s, r] (rows i = s, columns j = r), read row-major
-            keep = (offs_s[:, None] >= offs_r[None, :]) & s_ok[:, None] & r_ok[None, :]
-            dc = tl.load(dc_ptr + b * T * T + offs_s[:, None] * T + offs_r[None, :],
-                         mask=keep, other=0.0)
-            out += tl.dot(tl.trans(dc), x, out_dtype=ACC, input_precision=PRECISION)
-        else:
-            keep = (offs_s[None, :] <= offs_r[:, None]) & s_ok[None, :] & r_ok[:, None]
-            dc = tl.load(dc_ptr + b * T * T + offs_r[:, None] * T + offs_s[None, :],
-                         mask=keep, other=0.0)
-            out += tl.dot(dc, x, out_dtype=ACC, input_precision=PRECISION)
-    tl.store(out_ptr + (b * T + offs_r)[:, None] * DC + offs_d[None, :],
-             (scale * out).to(out_ptr.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+    if n_block * BLOCK_N < (m_block + 1) * BLOCK_M:  # some j <= i in the tile
+        offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_e = tl.arange(0, BLOCK_E)
+        offs_ev = tl.arange(0, BLOCK_EV)
+        row_ok = offs_m < T
+        own = tl.load(own_ptr).to(ACC)
+        c = _c_tile(c_ptr, b, offs_m, offs_n, T, True, BLOCK_M, BLOCK_N, ACC)
+        dc = tl.full((BLOCK_M, BLOCK_N), 0.0, ACC)
+        for h in range(K):
+            rows = (b * K + h) * T
+            slope = tl.load(slopes_ptr + h).to(ACC)
+            q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
+            do = _rows(do_ptr, rows, offs_m, T, EV, offs_ev)
+            lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
+            delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
+            k = _rows(k_ptr, rows, offs_n, T, E, offs_e)
+            v = _rows(v_ptr, rows, offs_n, T, EV, offs_ev)
+            p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T,
+                              scale, ACC, PRECISION)
+            dc += ds
+        tl.store(dc_ptr + b * T * T + offs_m[:, None] * T + offs_n[None, :],
+                 dc.to(dc_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_n < T)[None, :])
 
 
 # -- launching -------------------------------------------------------------------------------
@@ -311,103 +274,78 @@ def _launch_options(dtype: torch.dtype) -> dict:
 
 
 @torch.library.custom_op("cemlab::cem_attention_forward", mutates_args=())
-def _forward_op(q: Tensor, k: Tensor, v: Tensor, cq: Tensor | None, ck: Tensor | None,
-                slopes: Tensor, own: Tensor, scale: float, block: int
-                ) -> tuple[Tensor, Tensor, Tensor]:
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, c: Tensor | None, slopes: Tensor, own: Tensor,
+                scale: float, block: int) -> tuple[Tensor, Tensor]:
     _check_device(q)
     b, n_head, t, e = q.shape
     ev = v.shape[-1]
-    acc = _acc(q.dtype)[0]
     o = torch.empty_like(v)
-    lse = torch.empty(b, n_head, t, dtype=acc, device=q.device)
-    has_c = cq is not None
-    c = (torch.empty(b, t, t, dtype=acc, device=q.device) if has_c
-         else torch.empty(0, dtype=acc, device=q.device))
-    dc_width = cq.shape[-1] if has_c else 1
-    _forward_kernel[(triton.cdiv(t, block), b)](  # without c, its pointers are never read
-        q, k, v, cq if has_c else q, ck if has_c else q, slopes, own, o, lse, c if has_c else lse,
-        scale, t, n_head, e, ev, dc_width, HAS_C=has_c, BLOCK_M=block, BLOCK_N=block,
-        BLOCK_E=_width(e), BLOCK_EV=_width(ev), BLOCK_DC=min(64, _width(dc_width)),
-        **_launch_options(q.dtype))
-    return o, lse, c
+    lse = torch.empty(b, n_head, t, dtype=_acc(q.dtype)[0], device=q.device)
+    _forward_kernel[(triton.cdiv(t, block), b * n_head)](  # without c, its pointer is unread
+        q, k, v, q if c is None else c, slopes, own, o, lse, scale, t, n_head, e, ev,
+        HAS_C=c is not None, BLOCK_M=block, BLOCK_N=block, BLOCK_E=_width(e),
+        BLOCK_EV=_width(ev), **_launch_options(q.dtype))
+    return o, lse
 
 
 @_forward_op.register_fake
-def _(q, k, v, cq, ck, slopes, own, scale, block):
-    b, n_head, t, _ = q.shape
-    acc = _acc(q.dtype)[0]
-    c_shape = (b, t, t) if cq is not None else (0,)
-    return (torch.empty_like(v), q.new_empty((b, n_head, t), dtype=acc),
-            q.new_empty(c_shape, dtype=acc))
+def _(q, k, v, c, slopes, own, scale, block):
+    return torch.empty_like(v), q.new_empty(q.shape[:3], dtype=_acc(q.dtype)[0])
 
 
 @torch.library.custom_op("cemlab::cem_attention_backward", mutates_args=())
-def _backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, cq: Tensor | None,
-                 ck: Tensor | None, slopes: Tensor, own: Tensor, o: Tensor, lse: Tensor,
-                 c: Tensor, scale: float, block: int
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _backward_op(do: Tensor, q: Tensor, k: Tensor, v: Tensor, c: Tensor | None,
+                 slopes: Tensor, own: Tensor, o: Tensor, lse: Tensor, scale: float, block: int
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check_device(q)
     b, n_head, t, e = q.shape
     ev = v.shape[-1]
     acc = _acc(q.dtype)[0]
     do = do.contiguous()
-    has_c = cq is not None
     delta = (do.to(acc) * o.to(acc)).sum(-1)  # (B, K, T)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dc = torch.empty(b, t, t, dtype=acc, device=q.device) if has_c else None  # dL/dc
-    options = _launch_options(q.dtype)
-    shapes = {"HAS_C": has_c, "BLOCK_M": block, "BLOCK_N": block, "BLOCK_E": _width(e),
-              "BLOCK_EV": _width(ev), **options}
-    grid = (triton.cdiv(t, block), b)
-    c_arg, dc_arg = (c, dc) if has_c else (lse, delta)  # without c, never read
-    _backward_dq_kernel[grid](q, k, v, do, lse, delta, c_arg, slopes, own, dq, dc_arg, scale, t,
-                              n_head, e, ev, **shapes)
-    _backward_dkv_kernel[grid](q, k, v, do, lse, delta, c_arg, slopes, own, dk, dv, scale, t,
-                               n_head, e, ev, **shapes)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    shapes = {"BLOCK_M": block, "BLOCK_N": block, "BLOCK_E": _width(e), "BLOCK_EV": _width(ev),
+              **_launch_options(q.dtype)}
+    grid = (triton.cdiv(t, block), b * n_head)
+    c_arg = q if c is None else c  # without c, never read
+    args = (q, k, v, do, lse, delta, c_arg, slopes, own)
+    _backward_dq_kernel[grid](*args, dq, scale, t, n_head, e, ev, HAS_C=c is not None,
+                              **shapes)
+    _backward_dkv_kernel[grid](*args, dk, dv, scale, t, n_head, e, ev, HAS_C=c is not None,
+                               **shapes)
     # d(b_self - b_cross) = sum over b, k, i of dS_iik = p_iik (dO_ik . v_ik - delta_ik)
     s_own = scale * (q.to(acc) * k.to(acc)).sum(-1) + own.to(acc)  # (B, K, T)
-    if has_c:
-        s_own = s_own + c.diagonal(dim1=-2, dim2=-1)[:, None]
+    if c is not None:
+        s_own = s_own + c.diagonal(dim1=-2, dim2=-1).to(acc)[:, None]
     p_own = (s_own - lse).exp()
     d_own = (p_own * ((do.to(acc) * v.to(acc)).sum(-1) - delta)).sum().reshape(1)
-    if not has_c:
-        empty = q.new_empty(0)
-        return dq.to(q.dtype), dk, dv, empty, empty.clone(), d_own.to(own.dtype)
-    dc_width = cq.shape[-1]
-    block_dc = min(64, _width(dc_width))
-    grid_c = (triton.cdiv(t, block), triton.cdiv(dc_width, block_dc), b)
-    dcq, dck = torch.empty_like(cq), torch.empty_like(ck)
-    for out, factor, transposed in ((dcq, ck, False), (dck, cq, True)):
-        _c_factor_grad_kernel[grid_c](dc, factor, out, scale, t, dc_width, TRANSPOSED=transposed,
-                                      BLOCK_T=block, BLOCK_DC=block_dc, **options)
-    return dq.to(q.dtype), dk, dv, dcq, dck, d_own.to(own.dtype)
+    if c is None:
+        return dq, dk, dv, q.new_empty(0), d_own.to(own.dtype)
+    dc = torch.zeros_like(c)  # dL/dc: zero above the diagonal, where no program writes
+    _backward_dc_kernel[(triton.cdiv(t, block), triton.cdiv(t, block), b)](
+        *args, dc, scale, t, n_head, e, ev, **shapes)
+    return dq, dk, dv, dc, d_own.to(own.dtype)
 
 
 @_backward_op.register_fake
-def _(do, q, k, v, cq, ck, slopes, own, o, lse, c, scale, block):
-    if cq is None:
-        dcq = dck = q.new_empty(0)
-    else:
-        dcq, dck = torch.empty_like(cq), torch.empty_like(ck)
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dcq, dck,
+def _(do, q, k, v, c, slopes, own, o, lse, scale, block):
+    dc = q.new_empty(0) if c is None else torch.empty_like(c)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dc,
             torch.empty_like(own))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, cq, ck, slopes, own, scale, block = inputs
-    o, lse, c = output
-    ctx.save_for_backward(q, k, v, cq, ck, slopes, own, o, lse, c)
+    q, k, v, c, slopes, own, scale, block = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, c, slopes, own, o, lse)
     ctx.scale, ctx.block = scale, block
 
 
-def _backward(ctx, do, _lse_grad, _c_grad):
-    q, k, v, cq, ck, slopes, own, o, lse, c = ctx.saved_tensors
-    dq, dk, dv, dcq, dck, d_own = _backward_op(do, q, k, v, cq, ck, slopes, own, o, lse, c,
-                                               ctx.scale, ctx.block)
-    has_c = cq is not None
-    return (dq, dk, dv, dcq if has_c else None, dck if has_c else None, None, d_own, None,
-            None)
+def _backward(ctx, do, _lse_grad):
+    q, k, v, c, slopes, own, o, lse = ctx.saved_tensors
+    dq, dk, dv, dc, d_own = _backward_op(do, q, k, v, c, slopes, own, o, lse, ctx.scale,
+                                         ctx.block)
+    return dq, dk, dv, None if c is None else dc, None, d_own, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -460,13 +398,10 @@ def cem_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, self_bias: Te
     block = block or default_block(e, v.shape[-1])
     if block < 16 or block & (block - 1):
         raise ValueError(f"cem_attention: block must be a power of two >= 16, got {block}")
-    acc = _acc(q.dtype)[0]
-    own = (self_bias - cross_bias).to(acc).reshape(1)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if cq is not None:
-        cq, ck = cq.contiguous(), ck.contiguous()
-    return _forward_op(q, k, v, cq, ck, slopes.to(acc).contiguous(), own, float(scale),
-                       block)[0]
+    own = (self_bias - cross_bias).to(_acc(q.dtype)[0]).reshape(1)
+    c = None if cq is None else (scale * cq) @ ck.transpose(-1, -2)  # (B, T, T)
+    return _forward_op(q.contiguous(), k.contiguous(), v.contiguous(), c,
+                       slopes.to(own.dtype).contiguous(), own, float(scale), block)[0]
 
 
 __all__ = ["cem_attention", "default_block", "interpreted"]
