@@ -1,5 +1,5 @@
-# Sourced by the GPU scripts (check.sh, engine.sh, flex_tune.sh): `begin` sets up a budgeted
-# run, `step` runs one budgeted Python step of it.
+# Sourced by the GPU scripts (check.sh, engine.sh, flex_tune.sh, triton_check.sh): `begin` sets up a
+# budgeted run, `step` runs one budgeted Python step of it.
 
 begin() {  # begin OUT_DIR BUDGET_S LOG_NAME: sets out (made, absolute), deadline (epoch s), log
   out=$(realpath -m "$1")

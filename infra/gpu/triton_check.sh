@@ -44,21 +44,8 @@ preset=${PRESET:-llama-134m}
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee -a "$log"
 
-run_tests() {  # run_tests NAME MARKS LIMIT_S: the kernel's tests on CUDA tensors
-  local left=$((deadline - $(date +%s)))
-  [ "$3" -lt "$left" ] && left=$3
-  if [ "$left" -lt 30 ]; then
-    echo "== $1: skipped, ${left} s left" | tee -a "$log"
-    return
-  fi
-  echo "== $1 ($2) on CUDA tensors (limit $left s)" | tee -a "$log"
-  local began=$(date +%s)
-  timeout -s KILL "$left" python3 -m pytest -q -p no:cacheprovider -k cuda -m "$2" \
-    tests/workloads/models/test_cem_triton.py >>"$log" 2>&1
-  echo "== $1: exit $?, $(($(date +%s) - began)) s" | tee -a "$log"
-}
-
-wants tests && run_tests tests "not slow" 120
+tests=(-q -p no:cacheprovider -k cuda tests/workloads/models/test_cem_triton.py)  # on CUDA tensors
+wants tests && step tests 120 pytest "${tests[@]}" -m "not slow"
 wants attention && step attention 120 workloads.lm.attention_bench --preset "cem-${preset#*-}" \
   --cases "alibi_flex_attention,Triton kernel,Triton kernel (no shared scores)" \
   --json-out "$out/attention.json"
@@ -68,7 +55,7 @@ wants cem-compiled && step cem-compiled 200 workloads.lm.step_bench --cem-kernel
 wants llama-compiled && step llama-compiled 90 workloads.lm.step_bench "${bench[@]}" \
   --variants llama --compile --json-out "$out/llama-compiled.json"
 
-wants tests-slow && run_tests tests-slow slow 240
+wants tests-slow && step tests-slow 240 pytest "${tests[@]}" -m slow
 
 install_trial_stack() {  # pip-installs the trial stack's missing packages; 0 when all import
   local check="import ray.tune, ray.train, deepspeed, mlflow, pydantic, pydantic_settings, yaml"

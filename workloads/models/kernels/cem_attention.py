@@ -76,6 +76,16 @@ def _rows(ptr, rows, offs, T, width, offs_w):
 
 
 @triton.jit
+def _query_side(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, offs_m, T, E, EV, offs_e, offs_ev):
+    """The backward's query rows ``offs_m`` of one (sequence, head): q, dO, the log-sum-exp l
+    and delta = rowsum(dO o), 0 past T."""
+    row_ok = offs_m < T
+    return (_rows(q_ptr, rows, offs_m, T, E, offs_e), _rows(do_ptr, rows, offs_m, T, EV, offs_ev),
+            tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0),
+            tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0))
+
+
+@triton.jit
 def _forward_kernel(q_ptr, k_ptr, v_ptr, c_ptr, slopes_ptr, own_ptr, o_ptr, lse_ptr, scale,
                     T, K, E, EV, HAS_C: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
@@ -138,10 +148,8 @@ def _backward_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, c_ptr, 
     row_ok = offs_m < T
     own = tl.load(own_ptr).to(ACC)
     slope = tl.load(slopes_ptr + h).to(ACC)
-    q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
-    do = _rows(do_ptr, rows, offs_m, T, EV, offs_ev)
-    lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
+    q, do, lse, delta = _query_side(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, offs_m, T, E, EV,
+                                    offs_e, offs_ev)
     dq = tl.full((BLOCK_M, BLOCK_E), 0.0, ACC)
     for n_start in range(0, tl.minimum((m_block + 1) * BLOCK_M, T), BLOCK_N):
         offs_n = n_start + tl.arange(0, BLOCK_N)
@@ -178,11 +186,8 @@ def _backward_dkv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, c_ptr,
     m_begin = (n_block * BLOCK_N // BLOCK_M) * BLOCK_M  # the first query tile with a row >= j
     for m_start in range(m_begin, T, BLOCK_M):
         offs_m = m_start + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < T
-        q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
-        do = _rows(do_ptr, rows, offs_m, T, EV, offs_ev)
-        lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
-        delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
+        q, do, lse, delta = _query_side(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, offs_m, T, E,
+                                        EV, offs_e, offs_ev)
         c = _c_tile(c_ptr, b, offs_m, offs_n, T, HAS_C, BLOCK_M, BLOCK_N, ACC)
         p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T, scale,
                           ACC, PRECISION)
@@ -216,10 +221,8 @@ def _backward_dc_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, c_ptr, 
         for h in range(K):
             rows = (b * K + h) * T
             slope = tl.load(slopes_ptr + h).to(ACC)
-            q = _rows(q_ptr, rows, offs_m, T, E, offs_e)
-            do = _rows(do_ptr, rows, offs_m, T, EV, offs_ev)
-            lse = tl.load(lse_ptr + rows + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(delta_ptr + rows + offs_m, mask=row_ok, other=0.0)
+            q, do, lse, delta = _query_side(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, offs_m, T,
+                                            E, EV, offs_e, offs_ev)
             k = _rows(k_ptr, rows, offs_n, T, E, offs_e)
             v = _rows(v_ptr, rows, offs_n, T, EV, offs_ev)
             p, ds = _p_and_ds(q, k, v, do, lse, delta, c, slope, own, offs_m, offs_n, T,
