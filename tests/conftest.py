@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-# pytest-xdist (make test) runs the tests that start a Ray cluster in two groups, each in one
-# process, one test at a time: those of test_end_to_end.py share one local stack (RAY_CLUSTER);
-# the others each start a cluster of their own (OWN_CLUSTER: the two-host rehearsal, the S3 and
-# PostgreSQL stacks, the evaluation round, Ray Data). The two groups run side by side, so a test
-# acts on its own cluster's processes only (a fault test kills a worker of its stack's process
-# tree), never on the host's, and each stack keeps a Ray temp dir of its own (infra/local/up.sh).
+# pytest-xdist (make test) runs every test that starts a Ray cluster in one group (RAY_CLUSTER),
+# in one process, one test at a time, while the other process runs the rest: two clusters side
+# by side would share the two cores and each Ray test would take two to three times as long.
+# Those of test_end_to_end.py share one local stack; the others (the two-host rehearsal, the S3
+# and PostgreSQL stacks, the evaluation round, Ray Data) start a cluster of their own. Still, a
+# test acts on its own cluster's processes only (a fault test kills a worker of its stack's
+# process tree), never on the host's, and each stack keeps a Ray temp dir of its own
+# (infra/local/up.sh), so a study or a demo beside the suite is left alone.
 # The dashboard tests share one seeded store, made once in the process that runs them.
 RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
-OWN_CLUSTER = pytest.mark.xdist_group("own-cluster")
 DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 
 WORDS = ("the king queen crown sword night day love death honour speak hear thou thee my lord "

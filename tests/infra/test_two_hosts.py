@@ -25,11 +25,11 @@ from mlflow import MlflowClient
 from infra.rehearsal.two_hosts import B_HOME, TwoHosts, missing_requirement
 from orchestrator.records.ledger import Ledger, Status
 from orchestrator.records.tracking import ROLE_TAG
-from tests.conftest import OWN_CLUSTER
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import write_spec
 from workloads.core.storage import StorageRoot
 
-pytestmark = [pytest.mark.slow, OWN_CLUSTER,
+pytestmark = [pytest.mark.slow, RAY_CLUSTER,
               pytest.mark.skipif(missing_requirement() is not None,
                                  reason=missing_requirement() or "")]
 

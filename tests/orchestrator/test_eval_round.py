@@ -12,7 +12,7 @@ from orchestrator.execution import run
 from orchestrator.planning.plan import arm_cells, plan
 from orchestrator.planning.spec import parse_spec
 from orchestrator.records.ledger import Ledger, Status
-from tests.conftest import OWN_CLUSTER
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import orchestrator, write_spec
 
 GRID = {"grid": [0.001, 0.002, 0.004], "max_points": 5}
@@ -51,7 +51,7 @@ def test_the_evaluation_round_trains_fresh_seeds_at_each_arms_chosen_lr(tmp_path
 
 
 @pytest.mark.slow
-@OWN_CLUSTER
+@RAY_CLUSTER
 def test_a_run_trains_the_evaluation_seeds_after_its_brackets_settle(services, tmp_path):
     """GP regression through ``cemlab run``: a bracket of two learning rates extends once, then
     each arm's evaluation seeds train at the learning rate its tuning seeds' mean validation

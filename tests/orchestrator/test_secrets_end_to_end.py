@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import OWN_CLUSTER
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import local_services, orchestrator, stack_logs, write_spec
 
-pytestmark = [pytest.mark.slow, OWN_CLUSTER]
+pytestmark = [pytest.mark.slow, RAY_CLUSTER]
 
 
 def test_a_database_password_never_reaches_mlflow_or_a_log(tmp_path, postgres_with_password):

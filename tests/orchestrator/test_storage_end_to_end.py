@@ -11,12 +11,12 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator.records.ledger import Ledger, Status
-from tests.conftest import OWN_CLUSTER
+from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
 from workloads.core.logged_model import model_of_run
 from workloads.core.storage import StorageRoot
 
-pytestmark = [pytest.mark.slow, OWN_CLUSTER]
+pytestmark = [pytest.mark.slow, RAY_CLUSTER]
 
 
 def _keys(storage: StorageRoot) -> set[str]:

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 from tokenizers import Tokenizer
 
-from tests.conftest import OWN_CLUSTER, write_corpus
+from tests.conftest import RAY_CLUSTER, write_corpus
 from workloads.lm.data import (
     CorpusConfig,
     TextFilesSource,
@@ -113,7 +113,7 @@ def test_a_pass_runs_in_process_where_ray_is_not_installed(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-@OWN_CLUSTER
+@RAY_CLUSTER
 def test_ray_data_with_1_or_4_tasks_writes_the_bytes_written_in_process(tmp_path):
     import ray
 
