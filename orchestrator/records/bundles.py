@@ -17,7 +17,10 @@ same code and data) and ``report`` reads them. A bundle (``FORMAT`` 1) holds:
     (``{key: {step: value}}`` of every ``val_*``, ``test_*`` and ``test_time/*`` metric), all
     JSON, ``checkpoint_sha256`` (``checkpoint_digest`` of its checkpoint, where that is a
     readable local path), and the host and package versions of the machine that exported it
-    (a trial's run does not record the host it trained on).
+    (a trial's run does not record the host it trained on). A trial imported from a bundle
+    keeps that bundle's run id, run fields, checkpoint digest, host and versions (``CARRIED``,
+    held in its ledger row), so a bundle exported again after an import loses none of them;
+    a trial settled from the cache of an imported one carries its source's.
 ``manifest.json``
     ``format``, ``created_at`` (UTC; ``SOURCE_DATE_EPOCH`` when set), ``code`` (the exporter's
     fingerprint), ``experiments``, ``trials`` (the row count), ``environment`` (the exporter's
@@ -61,6 +64,10 @@ EXPERIMENTS, TRIALS, MANIFEST = "experiments.parquet", "trials.parquet", "manife
 FILES = (EXPERIMENTS, TRIALS)  # a bundle's data files, each listed in its manifest
 HISTORY_PREFIXES = ("val_", "test_")  # metrics kept with every evaluation (test_time/* too)
 PACKAGES = ("torch", "ray", "deepspeed", "mlflow")  # versions recorded in a bundle
+RUN_FIELDS = ("code", "params", "metrics", "history")  # from a trial's MLflow run
+# what an imported trial carries in its ledger row (``record``) for its next export (``collect``)
+CARRIED = ("mlflow_run_id", *RUN_FIELDS, "checkpoint_sha256", "host", "python_version",
+           *[f"{name}_version" for name in PACKAGES])
 _CHUNK = 2**20
 
 EXPERIMENT_SCHEMA = pa.schema([
@@ -241,8 +248,7 @@ def collect(ledger: Ledger, names: list[str], client: MlflowClient | None = None
         sources = {r.id: r for r in ledger.rows_of_trials(
             {r.trial_hash for r in rows if r.source_trial_id is not None})}
         for r in rows:
-            record: dict[str, str | None] = {"code": None, "params": None, "metrics": None,
-                                             "history": None}
+            record: dict[str, str | None] = dict.fromkeys(RUN_FIELDS)
             if client is not None and r.mlflow_run_id:
                 try:
                     record = run_record(client, r.mlflow_run_id)
@@ -251,17 +257,21 @@ def collect(ledger: Ledger, names: list[str], client: MlflowClient | None = None
                     log.info("trial %s: MLflow run %s not read (%s)", r.trial_hash,
                              r.mlflow_run_id, str(e).splitlines()[0] if str(e) else e)
             source = sources.get(r.source_trial_id)
-            trials.append({
+            row = {
                 "experiment": exp.name, "trial_hash": r.trial_hash, "dataset": r.dataset,
                 "variant": r.variant, "size": r.size, "lr": r.lr, "seed": r.seed,
                 "lr_round": r.lr_round, "metric": r.metric, "val_metric": r.val_metric,
                 "started_at": _utc(r.started_at), "finished_at": _utc(r.finished_at),
                 "source_experiment": source and name_of[source.experiment_id],
-                "mlflow_run_id": r.mlflow_run_id, **record, "code": record["code"] or here,
+                "mlflow_run_id": r.mlflow_run_id, **record,
                 "checkpoint_path": r.checkpoint_path,
                 "checkpoint_sha256": checkpoint_digest(r.checkpoint_path, storage),
                 "host": env["host"], "python_version": env["python"],
-                **{f"{p}_version": env[p] for p in PACKAGES}})
+                **{f"{p}_version": env[p] for p in PACKAGES}}
+            carried = r.carried or (source.carried if source and not r.mlflow_run_id else None)
+            if carried and not any(record.values()):  # imported here, or a copy of one
+                row.update(json.loads(carried))
+            trials.append({**row, "code": row["code"] or here})
     if unread:
         log.warning("%d trial run(s) not read from MLflow: their code, params, metrics and "
                     "history are left empty", unread)
@@ -464,11 +474,14 @@ def record(bundle: Bundle, ledger: Ledger, keep_run_ids: bool = False) -> Import
     (``Ledger.import_finished``: missing experiments created with the bundle's spec text,
     trials FINISHED there already left as they are). The rows get no MLflow run, since theirs
     belong to another tracking store, unless ``keep_run_ids`` (a ledger made to render a
-    report from bundles, whose metrics then come from ``Bundle.run_metrics``)."""
+    report from bundles, whose metrics then come from ``Bundle.run_metrics``); each keeps the
+    bundle's other fields (``CARRIED``) in its ``carried`` column, which ``collect`` gives
+    back."""
     experiments = {e["name"]: (e["workload"], e["spec_yaml"]) for e in bundle.experiments}
     trials = [{"experiment": t["experiment"], "trial_hash": t["trial_hash"],
                "source_experiment": t["source_experiment"],
                "mlflow_run_id": t["mlflow_run_id"] if keep_run_ids else None,
+               "carried": json.dumps({k: t[k] for k in CARRIED}, sort_keys=True),
                **{k: t[k] for k in IMPORTED_FIELDS}} for t in bundle.trials]
     return ledger.import_finished(experiments, trials)
 

@@ -195,6 +195,10 @@ class TrialRow(Base):
         ForeignKey("cemlab_trials.id", name="fk_cemlab_trials_source_trial_id"))
     # the round of an adapting learning-rate bracket that added this trial's LR (None: the grid)
     lr_round: Mapped[int | None] = mapped_column(Integer)
+    # a trial imported from a result bundle: the bundle's fields that no ledger column holds
+    # (its MLflow run id in the store where it trained, the run's params, metrics and history,
+    # the host and versions that exported it), one JSON object, so an export gives them back
+    carried: Mapped[str | None] = mapped_column(Text)
 
 
 @dataclass(frozen=True)
@@ -584,12 +588,13 @@ class Ledger:
         ``experiment`` (a name of ``experiments``), ``trial_hash``, every field of
         ``IMPORTED_FIELDS`` (times naive UTC), ``source_experiment`` (the experiment that
         trained it, when it was settled from the trial cache; else None) and, optionally,
-        ``mlflow_run_id``. A trial FINISHED in the ledger already is left as it is; an
-        unfinished row under a live lease is left to its holder; any other row of the trial
-        (PENDING, FAILED, a lease that expired) is settled FINISHED with the given fields,
-        and a new one inserted so. A trial whose ``source_experiment`` has a trained FINISHED
-        row of the same id points to it (``source_trial_id``). Importing the same trials again
-        changes nothing.
+        ``mlflow_run_id`` and ``carried`` (JSON text kept in the row's ``carried`` column).
+        A trial FINISHED in the ledger already is left as it is; an unfinished row under a
+        live lease is left to its holder; any other row of the trial (PENDING, FAILED, a
+        lease that expired) is settled FINISHED with the given fields, and a new one
+        inserted so. A trial whose ``source_experiment`` has a trained FINISHED row of the
+        same id points to it (``source_trial_id``). Importing the same trials again changes
+        nothing.
 
         Raises:
             KeyError: a trial of an experiment that ``experiments`` does not name.
@@ -628,6 +633,7 @@ class Ledger:
                 fields = {k: t[k] for k in IMPORTED_FIELDS}
                 if t.get("mlflow_run_id"):
                     fields["mlflow_run_id"] = t["mlflow_run_id"]
+                fields["carried"] = t.get("carried")
                 source = t.get("source_experiment")
                 source_id = source and s.scalar(
                     select(TrialRow.id).join(ExperimentRow).where(

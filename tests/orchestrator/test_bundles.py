@@ -124,6 +124,10 @@ def test_a_bundle_round_trips_into_a_fresh_ledger_where_run_finds_every_trial_fi
     assert all(r.mlflow_run_id is None for e in fresh.experiments() for r in fresh.trials(e.id))
     again = bundles.import_bundle(out, fresh)  # idempotent
     assert (again.imported, again.present) == (0, 4) and _rows(fresh) == _rows(ledger)
+    # Exported again from there, where MLflow has none of their runs: the same rows, every
+    # field the first export had (run ids, params, metrics, history, digest, host) kept.
+    bundles.export_bundle(fresh, ["toy-a", "toy-b"], tmp_path / "again", None, tracked.storage)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "again" / "trials.parquet"), trials)
 
     # `run` on the same specs, against the new ledger and an empty MLflow: nothing to train
     monkeypatch.setenv("CEMLAB_LEDGER_URL", f"sqlite:///{tmp_path / 'elsewhere.db'}")
@@ -149,6 +153,14 @@ def test_an_imported_trial_is_a_cache_source_for_another_experiment(
     copy = next(r for r in fresh.trials(books.experiment_row_id) if r.lr == 0.05)
     assert (copy.status, copy.mlflow_run_id, copy.val_metric) == (Status.FINISHED, None, 0.4)
     assert model_runs([copy], fresh) == {}  # no run here, so no model to register
+    # Its bundle row carries the source's run: the run id where it trained, its metrics.
+    bundles.export_bundle(fresh, ["toy-a", "toy-c"], tmp_path / "c")
+    rows = pd.read_parquet(tmp_path / "c" / "trials.parquet")
+    source, copied = (rows[(rows.experiment == name) & (rows.lr == 0.05)].iloc[0]
+                      for name in ("toy-a", "toy-c"))
+    assert copied.source_experiment == "toy-a" and copied.mlflow_run_id is not None
+    assert (copied.mlflow_run_id, copied.metrics) == (source.mlflow_run_id, source.metrics)
+    assert json.loads(copied.metrics)["loss"] == 1.0
 
 
 def test_re_exporting_gives_the_same_bytes_and_replaces_the_bundle_whole(
