@@ -806,44 +806,58 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
     (line,) = [x.split() for x in status.stdout.splitlines() if x.startswith("gp-e2e ")]
     assert line[1:7] == ["gp_regression", "4", "0", "0", "4", "0"]
 
-    # a second experiment sharing (t1, seed 1) copies it from the first and trains seed 2
-    more = {**spec, "name": "gp-e2e-more", "variants": {"t1": {"mlp_steps": 1}},
-            "seeds": [1, 2]}
-    path = write_spec(tmp_path, more)
-    plan = orchestrator(env, "plan", str(path), "--no-calibrate")
-    assert "cached: 1 of 2 trial(s) finished in the ledger already" in plan.stdout, plan.stdout
-    proc = orchestrator(env, "run", str(path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "cached, trained in experiment 'gp-e2e'" in proc.stdout
-    more_rows = {r.seed: r for r in ledger.trials(ledger.experiment("gp-e2e-more").id)}
-    (source,) = [r for r in rows if (r.variant, r.seed) == ("t1", 1)]
-    assert more_rows[1].source_trial_id == source.id and more_rows[1].metric == source.metric
-    assert more_rows[2].source_trial_id is None and more_rows[2].status == Status.FINISHED
-    copied = client.get_run(more_rows[1].mlflow_run_id)
-    assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
-    assert copied.data.metrics["time/total_s"] == 0.0
-    assert "(cached)" in orchestrator(env, "status", str(path)).stdout
-
-    # a bracket that adapts: with two learning rates each seed's validation optimum lies at one
-    # of them (a straight line between two points), so round 1 adds the next point beyond that
-    # edge; max_points 3 ends it there. (t1, 0.004, seed 0) is the first experiment's, copied.
+    # A second experiment: a bracket that adapts, then the evaluation round. Its (t1, 0.004)
+    # trials of seeds 0 and 1 are the first experiment's, copied through the trial cache; with
+    # two learning rates each seed's validation optimum lies at one of them (a straight line
+    # between two points), so round 1 adds the next point beyond that edge (below, if either
+    # seed's optimum is at the lower one); max_points 3 ends it there. Then seeds 7 and 8
+    # train at the learning rate the tuning seeds' mean validation chose.
     adapts = {**spec, "name": "gp-e2e-brackets", "variants": {"t1": {"mlp_steps": 1}},
-              "seeds": [0], "learning_rates": {"grid": [0.002, 0.004], "max_points": 3}}
+              "learning_rates": {"grid": [0.002, 0.004], "max_points": 3,
+                                 "eval_seeds": [7, 8]}}
     path = write_spec(tmp_path, adapts)
     plan = orchestrator(env, "plan", str(path), "--no-calibrate")
-    assert "up to 3 per arm: at most 1 more trial(s)" in plan.stdout, plan.stdout
+    assert "cached: 2 of 4 trial(s) finished in the ledger already" in plan.stdout, plan.stdout
+    assert "up to 3 per arm: at most 2 more trial(s)" in plan.stdout, plan.stdout
     proc = orchestrator(env, "run", str(path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    by_lr = {r.lr: r for r in ledger.trials(ledger.experiment("gp-e2e-brackets").id)}
-    added = 0.008 if by_lr[0.004].val_metric < by_lr[0.002].val_metric else 0.001
-    assert sorted(by_lr) == sorted([0.002, 0.004, added])
-    assert {r.status for r in by_lr.values()} == {Status.FINISHED}
-    assert [by_lr[lr].lr_round for lr in (0.002, 0.004, added)] == [None, None, 1]
+    assert proc.stdout.count("cached, trained in experiment 'gp-e2e'") == 2, proc.stdout[-3000:]
+    more = ledger.trials(ledger.experiment("gp-e2e-brackets").id)
+    assert {r.status for r in more} == {Status.FINISHED} and len(more) == 8
+    for seed in (0, 1):
+        (source,) = [r for r in rows if (r.variant, r.seed) == ("t1", seed)]
+        (copy,) = [r for r in more if (r.lr, r.seed) == (0.004, seed)]
+        assert copy.source_trial_id == source.id and copy.metric == source.metric
+        copied = client.get_run(copy.mlflow_run_id)
+        assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
+        assert copied.data.metrics["time/total_s"] == 0.0
+    assert all(r.source_trial_id is None for r in more if r.lr != 0.004)  # trained here
+    assert "(cached)" in orchestrator(env, "status", str(path)).stdout
+    tune = [r for r in more if r.seed in (0, 1)]
+    val = {(r.lr, r.seed): r.val_metric for r in tune}
+    lrs = sorted({lr for lr, _ in val})
+    low = any(val[(0.002, seed)] < val[(0.004, seed)] for seed in (0, 1))
+    added = 0.001 if low else 0.008
+    assert lrs == sorted([0.002, 0.004, added])
+    assert sorted(r.lr_round or 0 for r in tune) == [0, 0, 0, 0, 1, 1]
+    assert all(r.lr_round == 1 for r in tune if r.lr == added)
     assert ("round 1: t1@gp-small (gp-rbf) has its validation optimum at an edge of 0.002, "
-            f"0.004: adding {added:g} for 1 seed(s)") in proc.stdout, proc.stdout[-3000:]
+            f"0.004: adding {added:g} for 2 seed(s)") in proc.stdout, proc.stdout[-3000:]
     assert "round 2" not in proc.stdout  # at max_points
+    by_lr = {r.lr: r for r in tune if r.seed == 0}
     assert client.get_run(by_lr[added].mlflow_run_id).data.tags["cemlab.lr_round"] == "1"
     assert LR_ROUND_TAG not in client.get_run(by_lr[0.002].mlflow_run_id).data.tags
+    means = {lr: statistics.fmean(math.log(val[(lr, seed)]) for seed in (0, 1)) for lr in lrs}
+    chosen = min(means, key=means.get)
+    evals = sorted((r.seed, r.lr) for r in more if r.seed in (7, 8))
+    assert evals == [(7, chosen), (8, chosen)]
+    assert (f"evaluation round: t1@gp-small (gp-rbf) chose learning rate {chosen:g} on 2 "
+            "tuning seed(s)") in proc.stdout
+    seeds = orchestrator(env, "seeds", str(path))  # the evaluation seeds' spread
+    assert seeds.returncode == 0, seeds.stderr[-2000:]
+    logs = [math.log(r.metric) for r in more if r.seed in (7, 8)]
+    assert f"{100 * statistics.stdev(logs):.2f}%" in seeds.stdout
+    assert "2 evaluation" in seeds.stdout
 
 
 def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets_private(services):

@@ -1,10 +1,14 @@
 """The cluster's services on one machine: a grid whose storage root is an S3 bucket (a real S3
-API server, moto, on 127.0.0.1) and whose MLflow server keeps runs in PostgreSQL and proxies
-artifacts to the bucket. The corpus, the Ray Train checkpoints, the Tune state and the model go
-to the bucket, nothing to the home; a bucket that does not exist is one line before anything
-starts."""
+API server, moto, on 127.0.0.1) and whose MLflow server keeps runs in PostgreSQL (a server of
+its own with scram-sha-256 passwords) and proxies artifacts to the bucket. The corpus, the Ray
+Train checkpoints, the Tune state and the model go to the bucket, nothing to the home; the
+database password reaches neither MLflow (params, tags, the spec artifact) nor the job's output
+nor any log of the stack nor any file in the bucket; a bucket that does not exist is one line
+before anything starts."""
 
+import json
 import subprocess
+from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -12,7 +16,7 @@ from mlflow import MlflowClient
 
 from orchestrator.records.ledger import Ledger, Status
 from tests.conftest import RAY_CLUSTER
-from tests.orchestrator.conftest import ROOT, local_services, orchestrator, write_spec
+from tests.orchestrator.conftest import ROOT, local_services, orchestrator, stack_logs, write_spec
 from workloads.core.logged_model import model_of_run
 from workloads.core.storage import StorageRoot
 
@@ -32,13 +36,15 @@ SPEC = {"name": "s3-grid", "data": {"source": "shakespeare", "vocab_size": 512},
         "resources": {"num_workers": 2, "cpus_per_worker": 1}}
 
 
-def test_a_grid_keeps_corpus_checkpoints_tune_state_and_models_in_the_bucket(
-        s3_server, s3_bucket, postgres_db, tmp_path_factory, tmp_path):
+def test_a_grid_keeps_its_state_in_the_bucket_and_its_database_password_nowhere(
+        s3_server, s3_bucket, postgres_with_password, tmp_path_factory, tmp_path):
+    host, port, user, password = postgres_with_password
+    database = f"postgresql+psycopg2://{user}:{password}@{host}:{port}/postgres"
     storage = StorageRoot(uri=f"s3://{s3_bucket}/lab", endpoint_url=s3_server)
     home = tmp_path_factory.mktemp("cemlab_home")
     with local_services(home, CEMLAB_STORAGE=storage.uri, CEMLAB_S3_ENDPOINT_URL=s3_server,
-                        CEMLAB_MLFLOW_BACKEND_URI=postgres_db) as (home, env):
-        assert env["CEMLAB_LEDGER_URL"] == postgres_db  # the ledger shares MLflow's database
+                        CEMLAB_MLFLOW_BACKEND_URI=database) as (home, env):
+        assert env["CEMLAB_LEDGER_URL"] == database  # the ledger shares MLflow's database
         job = subprocess.run(  # the job's driver gets the storage root from the Ray head
             ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
              "run", str(write_spec(tmp_path, SPEC))], cwd=ROOT, env=env, capture_output=True,
@@ -68,6 +74,23 @@ def test_a_grid_keeps_corpus_checkpoints_tune_state_and_models_in_the_bucket(
                    and f.endswith(f"models/{model.model_id}/artifacts/MLmodel")
                    for f in _keys(storage))
         assert not (home / "mlartifacts").exists()
+
+        # The password: in no MLflow param or tag, not in the spec artifact, the job's output,
+        # any log of the stack or Ray's session logs, nor in any file of the bucket (Ray Tune's
+        # pickled search state and Train's checkpoints included).
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        runs = client.search_runs([client.get_experiment_by_name("s3-grid").experiment_id])
+        assert len(runs) == 2  # the parent run and the trial's, on PostgreSQL
+        spec_artifact = Path(client.download_artifacts(
+            next(r for r in runs if r.data.tags["cemlab.role"] == "experiment").info.run_id,
+            "spec.yaml", str(tmp_path))).read_text()
+        for run in runs:
+            assert password not in json.dumps([run.data.params, run.data.tags])
+        assert password not in spec_artifact + job.stdout + job.stderr + stack_logs(home, env)
+        fs, root = storage.filesystem()
+        stored = sorted(_keys(storage))
+        assert stored and not [f for f in stored if password.encode() in
+                               fs.open_input_stream(f"{root}/{f}").read()]
 
         missing = orchestrator({**env, "CEMLAB_STORAGE": "s3://no-such-bucket/lab"}, "run",
                                str(write_spec(tmp_path, {**SPEC, "name": "s3-missing"})))
