@@ -68,7 +68,8 @@ def test_a_grid_keeps_its_state_in_the_bucket_and_its_database_password_nowhere(
         assert not (home / "ray_results").exists()  # nothing went to the node's home
         # The model, the run's logged model, went through the tracking server (no S3 client on
         # the worker) to the bucket.
-        model = model_of_run(MlflowClient(env["MLFLOW_TRACKING_URI"]), row.mlflow_run_id)
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        model = model_of_run(client, row.mlflow_run_id)
         assert model.artifact_location.startswith("mlflow-artifacts:/")
         assert any(f.startswith("mlartifacts/")
                    and f.endswith(f"models/{model.model_id}/artifacts/MLmodel")
@@ -78,7 +79,6 @@ def test_a_grid_keeps_its_state_in_the_bucket_and_its_database_password_nowhere(
         # The password: in no MLflow param or tag, not in the spec artifact, the job's output,
         # any log of the stack or Ray's session logs, nor in any file of the bucket (Ray Tune's
         # pickled search state and Train's checkpoints included).
-        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
         runs = client.search_runs([client.get_experiment_by_name("s3-grid").experiment_id])
         assert len(runs) == 2  # the parent run and the trial's, on PostgreSQL
         spec_artifact = Path(client.download_artifacts(
