@@ -14,12 +14,13 @@
 #   grid           a four-trial Ray Tune grid of CEM-134M on the Triton kernel (four learning
 #                  rates, 40 steps of 8 x 2048 tokens each, DeepSpeed ZeRO-1, compiled, bf16)
 #                  through `cemlab run`, on CORPUS; it first installs what the trial stack
-#                  lacks (ray, deepspeed, mlflow, ...: from WHEELS, a folder of wheels, when
-#                  given, else from the package index) and is skipped, saying why, when that
-#                  fails or CORPUS is unset
+#                  lacks (ray, deepspeed, mlflow, ...: from STACK, a tarball that
+#                  infra/gpu/pack_stack.sh makes, which also gives CORPUS its default; else
+#                  from WHEELS, a folder of wheels; else from the package index) and is
+#                  skipped, saying why, when that fails or CORPUS is unset
 #   eager          step_bench's CEM-134M on the Triton kernel and Llama-134M, eager
 #
-#   CORPUS='corpus/*.txt' [WHEELS=dir] [STEPS=tests,attention,...] \
+#   CORPUS='corpus/*.txt' [STACK=stack.tar.xz | WHEELS=dir] [STEPS=tests,attention,...] \
 #     bash infra/gpu/triton_check.sh [OUT_DIR] [BUDGET_S]
 #
 # (PRESET=nano PRECISION=fp32 STEPS=cem-compiled,llama-compiled,eager: a dry run of the
@@ -27,7 +28,7 @@
 # with its own time limit, cut to what is left of BUDGET_S (default 570); one that would get
 # under 30 s is skipped. Logs and each bench's JSON go to OUT_DIR (default $OUT, else
 # ./gpu-triton); a summary table ends the output. On a machine without a package index, the
-# trial stack's wheels (ray's alone is about 72 MB) must be on the machine before the grid.
+# trial stack must be on the machine before the grid: STACK (about 45 MB) or WHEELS.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 source "$here/infra/gpu/lib.sh"  # begin, step
@@ -61,6 +62,13 @@ install_trial_stack() {  # pip-installs the trial stack's missing packages; 0 wh
   local check="import ray.tune, ray.train, deepspeed, mlflow, pydantic, pydantic_settings, yaml"
   check+=", sqlalchemy, alembic, tokenizers, pyarrow, pandas, scipy, safetensors, tabulate"
   python3 -c "$check" 2>/dev/null && return 0
+  if [ -n "${STACK:-}" ]; then  # pack_stack.sh's site folder and corpus
+    echo "== unpacking the trial stack ($STACK)" | tee -a "$log"
+    mkdir -p /tmp/cemlab-stack && tar -xJf "$STACK" -C /tmp/cemlab-stack || return 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/cemlab-stack/site"
+    python3 -c "$check" >>"$log" 2>&1
+    return
+  fi
   # Keep the machine's torch and Triton: a dependency's torch range must not replace them.
   python3 -c "import torch, triton
 print(f'torch=={torch.__version__}\ntriton=={triton.__version__}')" >"$out/constraints.txt"
@@ -75,12 +83,16 @@ print(f'torch=={torch.__version__}\ntriton=={triton.__version__}')" >"$out/const
 }
 
 if wants grid; then
+  [ -n "${STACK:-}" ] && CORPUS=${CORPUS:-/tmp/cemlab-stack/corpus/*.txt}
   if [ -z "${CORPUS:-}" ]; then
     echo "== grid: skipped, CORPUS (a glob of text files) is unset" | tee -a "$log"
   elif ! install_trial_stack; then
     echo "== grid: skipped, the trial stack does not import (see $log)" | tee -a "$log"
   else
     spec="$out/cem-134m-triton-grid.yaml"
+    resources="{num_workers: 1, cpus_per_worker: 8, use_gpu: true, gpu_memory_gb: 80,
+            memory_per_worker_gb: 16}"
+    nvidia-smi -L >/dev/null 2>&1 || resources="{num_workers: 1, cpus_per_worker: 1}"  # dry run
     cat >"$spec" <<EOF
 name: cem-134m-triton-grid
 description: CEM-134M on the Triton attention kernel, four learning rates, 40 steps each
@@ -102,12 +114,11 @@ training:
   eval_sequences: 16
 engine:
   zero_stage: 1
-  precision: bf16
+  precision: ${PRECISION:-bf16}
   compile: true
-resources: {num_workers: 1, cpus_per_worker: 8, use_gpu: true, gpu_memory_gb: 80,
-            memory_per_worker_gb: 16}
+resources: $resources
 EOF
-    CEMLAB_CEM_KERNEL=triton step grid 300 orchestrator run "$spec"
+    CEMLAB_CEM_KERNEL=triton step grid 360 orchestrator run "$spec"
     step grid-status 30 orchestrator status "$spec"
   fi
 fi
