@@ -7,8 +7,10 @@ printed; progress by status."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 
 from orchestrator.planning.spec import ExperimentSpec
 from orchestrator.records.ledger import Ledger, Status, TrialRow
@@ -344,15 +347,27 @@ def store_on_parent(client: MlflowClient, parent_run_id: str, table: list[dict],
                     metric: str) -> None:
     """Log the optima as metrics ``<dataset>/<variant>/<size>/opt_lr`` (the LR chosen on
     validation), ``opt_val_<metric>``, ``opt_<metric>`` (test at that LR), with ``_std``, and
-    ``nearest_<metric>``; and the whole table as artifact ``akima_optima.json`` of the parent
-    run."""
+    ``nearest_<metric>``, timestamped now so that they are the run's latest values; and the
+    whole table as artifact ``akima_optima.json`` of the parent run, replacing the one an
+    earlier submission of the spec stored (``MlflowClient.log_table`` appends to it instead:
+    every resubmission would repeat the rows), in ``log_table``'s format and marked as a table
+    the same way (``MlflowClient.load_table`` reads it)."""
     keys = ("opt_lr", "opt_lr_std", f"opt_val_{metric}", f"opt_val_{metric}_std",
             f"opt_{metric}", f"opt_{metric}_std", f"nearest_{metric}")
+    now_ms = int(time.time() * 1000)  # the newest submission's value is the run's latest
     metrics = [Metric(f"{row['dataset']}/{row['variant']}/{row['size']}/{key}",
-                      float(row[key]), 0, 0) for row in table for key in keys]
-    if metrics:
-        client.log_batch(parent_run_id, metrics=metrics)
-        client.log_table(parent_run_id, data=pd.DataFrame(table), artifact_file=TABLE_ARTIFACT)
+                      float(row[key]), now_ms, 0) for row in table for key in keys]
+    if not metrics:
+        return
+    client.log_batch(parent_run_id, metrics=metrics)
+    client.log_text(parent_run_id, pd.DataFrame(table).to_json(orient="split", index=False,
+                                                               date_format="iso"),
+                    TABLE_ARTIFACT)
+    logged = json.loads(client.get_run(parent_run_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS,
+                                                                      "[]"))
+    entry = {"path": TABLE_ARTIFACT, "type": "table"}
+    if entry not in logged:
+        client.set_tag(parent_run_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps([*logged, entry]))
 
 
 def format_optima(table: list[dict], metric: str) -> str:

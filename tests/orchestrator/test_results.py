@@ -1,4 +1,10 @@
-"""Results from the ledger: the rows of a spec's current grid, progress by status."""
+"""Results from the ledger: the rows of a spec's current grid, progress by status; the optima
+stored on the parent run."""
+
+import json
+
+import pandas as pd
+from mlflow import MlflowClient
 
 from orchestrator.planning.spec import parse_spec
 from orchestrator.records.ledger import Ledger, Status
@@ -8,6 +14,7 @@ from orchestrator.science.results import (
     format_status,
     format_time_split,
     status_counts,
+    store_on_parent,
 )
 
 
@@ -117,3 +124,34 @@ def test_an_evaluation_seed_s_row_counts_at_any_lr_the_bracket_reaches(tmp_path)
         "experiment evals: 6 trial(s) planned, 3 pending, 0 running, 0 finished, 0 failed, 5 "
         "not yet submitted; and 2 evaluation trial(s) (seeds 7, 8 at each arm's chosen "
         "learning rate, planned once its bracket settles), 2 of them in the ledger")
+
+
+def test_a_resubmission_replaces_the_parent_s_optima_table_instead_of_appending_to_it(tmp_path):
+    """Each submission stores the optima it computed; the parent's table holds the newest
+    (in the format, and with the tag, that ``MlflowClient.load_table`` reads), whatever an
+    earlier submission stored."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("optima", artifact_location=str(tmp_path / "art"))
+    parent = client.create_run(experiment).info.run_id
+    keys = ("opt_lr", "opt_lr_std", "opt_val_perplexity", "opt_val_perplexity_std",
+            "opt_perplexity", "opt_perplexity_std", "nearest_perplexity")
+
+    def row(variant: str, lr: float) -> dict:
+        return {"dataset": "shakespeare", "variant": variant, "size": "nano",
+                **dict.fromkeys(keys, 1.0), "opt_lr": lr}
+
+    first = [row("llama", 0.004), row("cem", 0.008)]
+    store_on_parent(client, parent, first, "perplexity")
+    second = [row("llama", 0.002), row("cem", 0.006)]  # more learning rates trained since
+    store_on_parent(client, parent, second, "perplexity")
+    # read as MlflowClient.load_table reads a table artifact, found by the same tag
+    table = pd.read_json(client.download_artifacts(parent, "akima_optima.json", str(tmp_path)),
+                         orient="split")
+    tags = client.get_run(parent).data.tags
+    assert json.loads(tags["mlflow.loggedArtifacts"]) == [
+        {"path": "akima_optima.json", "type": "table"}]
+    assert table["opt_lr"].tolist() == [0.002, 0.006]
+    assert table["variant"].tolist() == ["llama", "cem"]
+    metric = client.get_run(parent).data.metrics["shakespeare/cem/nano/opt_lr"]
+    assert metric == 0.006
