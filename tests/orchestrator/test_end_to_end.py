@@ -52,11 +52,13 @@ SPEC = {
 }
 
 
-def checkpointed_step(ledger: Ledger, experiment: str, rank: int = 0) -> int:
-    """The newest step rank ``rank`` has written a checkpoint of, in the one trial of
-    ``experiment`` (0: none yet)."""
+def checkpointed_step(ledger: Ledger, experiment: str, rank: int = 0,
+                      trial: str | None = None) -> int:
+    """The newest step rank ``rank`` has written a checkpoint of, in trial ``trial`` (its hash)
+    of ``experiment``, else in its first trial (0: none yet)."""
     exp = ledger.experiment(experiment)
-    rows = ledger.trials(exp.id) if exp else []
+    rows = [r for r in (ledger.trials(exp.id) if exp else [])
+            if trial is None or r.trial_hash == trial]
     if not rows or not rows[0].checkpoint_path:
         return 0
     manifests = Path(rows[0].checkpoint_path).glob(f"checkpoint_*/manifest-rank{rank}.json")
@@ -93,10 +95,10 @@ def committed_checkpoints(ledger: Ledger, experiment: str) -> list[str]:
 
 
 def wait_for_checkpoint(job: subprocess.Popen, ledger: Ledger, experiment: str, rank: int,
-                        step: int) -> None:
+                        step: int, trial: str | None = None) -> None:
     """Wait (up to 300 s, while ``job`` runs) for ``checkpointed_step`` to reach ``step``."""
     deadline = time.monotonic() + 300
-    while checkpointed_step(ledger, experiment, rank) < step:
+    while checkpointed_step(ledger, experiment, rank, trial) < step:
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
 
@@ -584,11 +586,21 @@ def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, 
           f"{sorted(r.metric for r in killed)}, as uninterrupted")
 
 
-def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(services, tmp_path):
+def test_a_failed_trial_is_recorded_and_the_next_loses_no_metric_point_to_a_60_s_outage(
+        services, tmp_path):
+    """Two trials of one submission in turn, no restarts allowed. The first's only worker is
+    killed after its first checkpoint: it is recorded FAILED and the second goes on. While the
+    second trains, the MLflow server's process is stopped for 60 s, then started again with its
+    own command line and environment: training goes on, every point arrives once."""
+    import os
+    import urllib.request
+
+    import psutil
+
     home, env = services
     spec = {**SPEC, "name": "one-fails", "variants": {"llama": {}}, "learning_rates": [0.004],
             "seeds": [0, 1],
-            "budget": {"tokens": 100 * 16 * 64},  # a checkpoint every 20 steps
+            "budget": {"tokens": 160 * 16 * 64},  # a checkpoint every 20 steps
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "resources": {"num_workers": 1, "cpus_per_worker": 2, "max_failures": 0,
                           "stack": 1}}  # in turn: the stack test fails a stack
@@ -598,31 +610,53 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
                            env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
-    def training() -> bool:  # one trial at a time: is the running one past its first checkpoint?
+    def training() -> str | None:  # one trial at a time: the running one, past a checkpoint
         exp = ledger.experiment("one-fails")
-        return any(r.status == Status.RUNNING and r.checkpoint_path
-                   and any(Path(r.checkpoint_path).glob("checkpoint_*/manifest-rank0.json"))
-                   for r in (ledger.trials(exp.id) if exp else []))
+        return next((r.trial_hash for r in (ledger.trials(exp.id) if exp else [])
+                     if r.status == Status.RUNNING and r.checkpoint_path
+                     and any(Path(r.checkpoint_path).glob("checkpoint_*/manifest-rank0.json"))),
+                    None)
 
     deadline = time.monotonic() + 300
-    while not training():  # a worker killed while its group starts is started again
+    while (first := training()) is None:  # a worker killed while its group starts is restarted
         assert job.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     workers = train_workers(home)
     assert workers
     for worker in workers:  # the trial's only worker, and no restart allowed
         worker.kill()
+
+    (second,) = {r.trial_hash for r in ledger.trials(ledger.experiment("one-fails").id)} - {
+        first}
+    wait_for_checkpoint(job, ledger, "one-fails", rank=0, step=20, trial=second)
+    pid_file = home / "run" / "mlflow.pid"
+    server = psutil.Process(int(pid_file.read_text()))
+    cmdline, environ, cwd = server.cmdline(), server.environ(), server.cwd()
+    os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server and its workers
+    server.wait(30)
+    stopped = time.monotonic()
+    at_stop = checkpointed_step(ledger, "one-fails", trial=second)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"{env['MLFLOW_TRACKING_URI']}/health", timeout=5)
+    time.sleep(max(0.0, 60 - (time.monotonic() - stopped)))
+    during = checkpointed_step(ledger, "one-fails", trial=second)
+    # Started as up.sh starts it (its own session, not this process's child), so down.sh stops it.
+    launched = subprocess.run(["bash", "-c", 'setsid "$@" >> "$LOG" 2>&1 < /dev/null & echo $!',
+                               "_", *cmdline], env={**environ, "LOG": str(home / "logs" /
+                                                                        "mlflow.log")},
+                              cwd=cwd, capture_output=True, text=True, check=True)
+    pid_file.write_text(launched.stdout)
     output = job.communicate(timeout=600)[0]
     assert job.returncode == 1, output[-6000:]  # not every trial finished
 
-    rows = ledger.trials(ledger.experiment("one-fails").id)
-    assert sorted(r.status for r in rows) == [Status.FAILED, Status.FINISHED], output[-3000:]
-    failed = next(r for r in rows if r.status == Status.FAILED)
+    rows = {r.trial_hash: r for r in ledger.trials(ledger.experiment("one-fails").id)}
+    failed, row = rows[first], rows[second]
+    assert (failed.status, row.status) == (Status.FAILED, Status.FINISHED), output[-3000:]
     assert f"({failed.trial_hash}): claimed by" in output
     assert ": FAILED (WorkerGroupError: Training failed due to worker errors" in output
     assert failed.error.startswith("WorkerGroupError: Training failed due to worker errors")
     assert "The actor died unexpectedly" in failed.error  # what the trial raised
-    assert all(r.lease_owner is None for r in rows)  # settled: released
+    assert all(r.lease_owner is None for r in rows.values())  # settled: released
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     assert client.get_run(failed.mlflow_run_id).info.status == "FAILED"
     parent = client.search_runs([client.get_experiment_by_name("one-fails").experiment_id],
@@ -630,6 +664,20 @@ def test_a_failed_trial_is_recorded_by_its_submission_and_the_others_go_on(servi
     assert [r.info.status for r in parent] == ["FAILED"]
     status = orchestrator(env, "status", str(spec_path))
     assert f"{failed.trial_hash} failed: WorkerGroupError: Training failed" in status.stdout
+
+    assert during > at_stop, (at_stop, during)  # training went on while the server was down
+    assert "tracking server unavailable" in output  # the sink kept the points, and said so
+    # Nothing went into the outage through MLflow's own retries (urllib3's exponential backoff,
+    # which kept the finished trial waiting a minute past the server's return): the model's
+    # upload waited for the server's /health like the points did.
+    assert "Retrying (Retry(" not in output, output[-3000:]
+    for key in ("loss", "lr", "tokens_seen"):  # 0 lost, 0 duplicated
+        steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
+        assert steps == list(range(1, 161)), key
+    val_steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "val_loss"))
+    assert val_steps == list(range(20, 161, 20))
+    print(f"outage: stopped at checkpoint step {at_stop}, step {during} checkpointed during the "
+          f"60 s; {3 * 160} step points and {len(val_steps)} validations, each once")
 
 
 JOB_START_TIMES = """
@@ -690,62 +738,6 @@ def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tm
         versions = client.search_model_versions(
             f"name = 'cemlab-llama-nano' and run_id = '{run.info.run_id}'")
         assert len(versions) <= 1  # both submissions register; one version per run stays
-
-
-def test_a_60_s_tracking_outage_inside_a_trial_loses_no_metric_point(services, tmp_path):
-    """The MLflow server's process is stopped for 60 s while a trial trains, then started again
-    with its own command line and environment: training goes on, every point arrives once."""
-    import os
-    import urllib.request
-
-    import psutil
-
-    home, env = services
-    spec = {**SPEC, "name": "outage", "variants": {"llama": {}}, "learning_rates": [0.004],
-            "budget": {"tokens": 160 * 16 * 64},
-            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
-            "resources": {"num_workers": 1, "cpus_per_worker": 1}}
-    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run",
-                            str(write_spec(tmp_path, spec))], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True,
-                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
-    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
-
-    wait_for_checkpoint(job, ledger, "outage", rank=0, step=20)
-    pid_file = home / "run" / "mlflow.pid"
-    server = psutil.Process(int(pid_file.read_text()))
-    cmdline, environ, cwd = server.cmdline(), server.environ(), server.cwd()
-    os.killpg(os.getpgid(server.pid), signal.SIGKILL)  # the server and its workers
-    server.wait(30)
-    stopped, at_stop = time.monotonic(), checkpointed_step(ledger, "outage")
-    with pytest.raises(OSError):
-        urllib.request.urlopen(f"{env['MLFLOW_TRACKING_URI']}/health", timeout=5)
-    time.sleep(max(0.0, 60 - (time.monotonic() - stopped)))
-    during = checkpointed_step(ledger, "outage")
-    # Started as up.sh starts it (its own session, not this process's child), so down.sh stops it.
-    launched = subprocess.run(["bash", "-c", 'setsid "$@" >> "$LOG" 2>&1 < /dev/null & echo $!',
-                               "_", *cmdline], env={**environ, "LOG": str(home / "logs" /
-                                                                        "mlflow.log")},
-                              cwd=cwd, capture_output=True, text=True, check=True)
-    pid_file.write_text(launched.stdout)
-    output = job.communicate(timeout=600)[0]
-    assert job.returncode == 0, output[-3000:]
-    assert during > at_stop, (at_stop, during)  # training went on while the server was down
-    assert "tracking server unavailable" in output  # the sink kept the points, and said so
-    # Nothing went into the outage through MLflow's own retries (urllib3's exponential backoff,
-    # which kept the finished trial waiting a minute past the server's return): the model's
-    # upload waited for the server's /health like the points did.
-    assert "Retrying (Retry(" not in output, output[-3000:]
-    (row,) = ledger.trials(ledger.experiment("outage").id)
-    assert row.status == Status.FINISHED
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    for key in ("loss", "lr", "tokens_seen"):  # 0 lost, 0 duplicated
-        steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
-        assert steps == list(range(1, 161)), key
-    val_steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "val_loss"))
-    assert val_steps == list(range(20, 161, 20))
-    print(f"outage: stopped at checkpoint step {at_stop}, step {during} checkpointed during the "
-          f"60 s; {3 * 160} step points and {len(val_steps)} validations, each once")
 
 
 def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
