@@ -58,7 +58,7 @@ wants llama-compiled && step llama-compiled 90 workloads.lm.step_bench "${bench[
 
 wants tests-slow && step tests-slow 240 pytest "${tests[@]}" -m slow
 
-install_trial_stack() {  # pip-installs the trial stack's missing packages; 0 when all import
+install_trial_stack() {  # makes the trial stack importable (STACK, else pip); 0 when all of it imports
   local check="import ray.tune, ray.train, deepspeed, mlflow, pydantic, pydantic_settings, yaml"
   check+=", sqlalchemy, alembic, tokenizers, pyarrow, pandas, scipy, safetensors, tabulate"
   python3 -c "$check" 2>/dev/null && return 0
