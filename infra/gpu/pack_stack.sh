@@ -28,8 +28,8 @@ packages=("ray>=2.50" "mlflow-skinny>=3.0" "mlflow-tracing>=3.0" "sqlalchemy>=2.
           "pydantic-settings>=2.4" python-dotenv tensorboardx jsonschema jsonschema-specifications
           referencing rpds-py cachetools databricks-sdk google-auth pyasn1 pyasn1-modules
           cryptography cffi pycparser fastapi starlette uvicorn gitpython gitdb smmap
-          importlib-metadata lazy-importer sqlparse opentelemetry-api opentelemetry-proto opentelemetry-sdk
-          opentelemetry-semantic-conventions hjson)
+          importlib-metadata lazy-importer sqlparse opentelemetry-api opentelemetry-proto
+          opentelemetry-sdk opentelemetry-semantic-conventions hjson)
 "$python" -m pip download -q --no-deps "${platform[@]}" -d "$work/wheels" "${packages[@]}"
 # DeepSpeed is a source release: its wheel (no compiled ops) is built with this torch.
 "$python" -m pip wheel -q --no-deps --no-build-isolation -w "$work/wheels" \
