@@ -40,6 +40,7 @@ class MlflowServer:
             [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.home}/mlflow.db",
              "--artifacts-destination", str(self.home / "artifacts")],
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as up.sh runs it
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 300
         while True:
