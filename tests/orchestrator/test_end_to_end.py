@@ -304,51 +304,6 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
 
 
-FRESH_VENV = """
-import json, sys
-import mlflow.pyfunc, pandas as pd
-model = mlflow.pyfunc.load_model("models:/cemlab-cem-nano@best")
-scores = model.predict(pd.DataFrame({"text": ["To be, or not to be", "Now is the winter"]}))
-sample = model.predict(pd.DataFrame({"text": ["To be, or not"]}),
-                       params={"task": "generate", "max_new_tokens": 16, "seed": 0})
-print("RESULT " + json.dumps({"scores": scores.to_dict("list"),
-                              "sample": sample["continuation"][0],
-                              "code": sys.modules["workloads.lm.serving"].__file__}))
-"""
-
-
-def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(services, tmp_path):
-    """``mlflow.pyfunc.load_model`` where no CEM Lab is installed or checked out: the venv has
-    the model's pinned requirements only (after the grid test registered the model)."""
-    import venv
-
-    _, env = services
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
-    requirements = download_model(version, env["MLFLOW_TRACKING_URI"],
-                                  tmp_path / "model") / "requirements.txt"
-    venv.create(tmp_path / "venv", with_pip=True)
-    python = tmp_path / "venv" / "bin" / "python"
-    # --no-compile: the bytecode of every installed file (torch's thousands) is not what this
-    # tests; the modules the model imports compile as they load.
-    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-compile",
-                              "--disable-pip-version-check", "-r", requirements],
-                             capture_output=True, text=True, timeout=900)
-    assert install.returncode == 0, install.stderr[-3000:]
-    clean = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([python, "-c", FRESH_VENV], cwd=tmp_path, env=clean,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
-    print(f"fresh venv ({requirements.read_text().split()}): {out}")
-    assert not out["code"].startswith(str(ROOT))  # the model's own copy of the code
-    assert out["scores"]["token_count"][0] > 3 and all(
-        p == pytest.approx(math.exp(n / c)) for n, c, p in zip(
-            out["scores"]["nll"], out["scores"]["token_count"], out["scores"]["perplexity"],
-            strict=True))
-    assert isinstance(out["sample"], str) and out["sample"]
-
-
 def test_a_trial_survives_its_killed_worker_then_its_killed_driver_bit_identical_in_bf16(
         services, tmp_path):
     """A 100-step bf16 trial of 2 Ray Train workers (ZeRO-2), trained once uninterrupted, then

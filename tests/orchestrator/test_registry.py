@@ -4,8 +4,13 @@ as MLflow 3 logged models of their runs, one version per run registered from its
 and loaded again with the predictions they were saved with."""
 
 import json
+import math
+import os
 import re
+import subprocess
+import venv
 import zipfile
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -21,6 +26,7 @@ from orchestrator.records import model_registry, tracking
 from tests.workloads.lm.test_serving import TEXT, tokenizer_json, trained_like  # noqa: F401
 from tests.workloads.runtime.test_metrics import MlflowServer
 from workloads.core import logged_model
+from workloads.core.architecture import CEM_BEST
 from workloads.core.registry import get_workload
 from workloads.lm.package import load_decoder
 from workloads.lm.serving import save_pyfunc
@@ -50,10 +56,12 @@ def log_model(model, tokenizer_file, client, run_id, step=0):
                                   lambda path: save_pyfunc(model, str(tokenizer_file), path), step)
 
 
-def trial_runs(uri, client, tokenizer_file, name="reg", with_model=True):
-    """One run per trial of a 3-LR grid, each with a logged model (unless not ``with_model``);
-    returns the trials and their run ids."""
-    spec = parse_spec({**SPEC, "name": name})
+def trial_runs(uri, client, tokenizer_file, name="reg", with_model=True, variant=None):
+    """One run per trial of a 3-LR grid (of ``variant``'s model, a variant named ``cem``;
+    else Llama's), each with a logged model (unless not ``with_model``); returns the trials and
+    their run ids."""
+    spec = parse_spec({**SPEC, "name": name,
+                       **({"variants": {"cem": variant}} if variant else {})})
     trials = plan(spec)
     exp_id = tracking.experiment_id(client, spec.name)
     parent = tracking.start_parent_run(client, exp_id, spec, "")
@@ -232,6 +240,61 @@ def test_through_a_tracking_server_the_worker_needs_its_uri_alone(
     assert model.model_id in {p.name for p in (server.home / "artifacts").rglob("m-*")}
     save_pyfunc(trained_like(trials[2].model, seed=2), str(tokenizer_json), tmp_path / "local")
     assert_same_predictions(str(files), str(tmp_path / "local"))
+
+
+FRESH_VENV = """
+import json, sys
+import mlflow.pyfunc, pandas as pd
+model = mlflow.pyfunc.load_model("models:/cemlab-cem-nano@best")
+scores = model.predict(pd.DataFrame({"text": sys.argv[1:]}))
+sample = model.predict(pd.DataFrame({"text": ["To be, or not"]}),
+                       params={"task": "generate", "max_new_tokens": 16, "seed": 0})
+print("RESULT " + json.dumps({"scores": scores.to_dict("list"),
+                              "sample": sample["continuation"][0],
+                              "code": sys.modules["workloads.lm.serving"].__file__}))
+"""
+
+
+@pytest.mark.slow  # pip installs the model's requirements into a new venv
+def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(
+        server, tokenizer_json, tmp_path):  # noqa: F811
+    """``mlflow.pyfunc.load_model`` of a CEM model (T = 2, shared diagonal, preconditioners),
+    registered through the tracking server as a trial's is, where no CEM Lab is installed or
+    checked out: the venv has the model's pinned requirements only, and the model scores as it
+    does here."""
+    client = MlflowClient(server.uri)
+    trials, runs = trial_runs(server.uri, client, tokenizer_json, name="fresh", variant=CEM_BEST)
+    results = {t.trial_id: (runs[t.trial_id], 30.0 - i, 30.0) for i, t in enumerate(trials)}
+    (line,) = model_registry.register_best(client, "fresh", LM, trials, results)
+    assert line.startswith("registered cemlab-cem-nano version 1"), line
+    version = model_registry.resolve(client, "cemlab-cem-nano@best")
+    requirements = model_registry.download_model(version, server.uri,
+                                                 tmp_path / "model") / "requirements.txt"
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    # --no-compile: the bytecode of every installed file (torch's thousands) is not what this
+    # tests; the modules the model imports compile as they load.
+    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-compile",
+                              "--disable-pip-version-check", "-r", requirements],
+                             capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    texts = [TEXT, "Now is the winter"]
+    proc = subprocess.run([python, "-c", FRESH_VENV, *texts], cwd=tmp_path, text=True,
+                          env={**clean, "MLFLOW_TRACKING_URI": server.uri},
+                          capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    print(f"fresh venv ({requirements.read_text().split()}): {out}")
+    root = Path(__file__).resolve().parents[2]
+    assert not out["code"].startswith(str(root))  # the model's own copy of the code
+    here = mlflow.pyfunc.load_model(str(tmp_path / "model")).predict(pd.DataFrame({"text": texts}))
+    assert out["scores"]["token_count"] == here["token_count"].tolist()
+    assert out["scores"]["nll"] == pytest.approx(here["nll"].tolist(), rel=1e-5)
+    assert out["scores"]["perplexity"] == pytest.approx(
+        [math.exp(n / c) for n, c in zip(out["scores"]["nll"], out["scores"]["token_count"],
+                                         strict=True)])
+    assert isinstance(out["sample"], str) and out["sample"]
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
