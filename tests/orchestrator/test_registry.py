@@ -1,7 +1,8 @@
 """The model registry on a real MLflow store (SQLite, and an ``mlflow server``): trained models
 as MLflow 3 logged models of their runs, one version per run registered from its logged model,
 ``best`` on validation and ``latest``, a card, incomplete versions deleted, packages downloaded
-and loaded again with the predictions they were saved with."""
+and loaded again with the predictions they were saved with, here and in a fresh venv that has
+only their requirements."""
 
 import json
 import math
