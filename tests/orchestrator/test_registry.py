@@ -11,7 +11,6 @@ import re
 import subprocess
 import venv
 import zipfile
-from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -24,6 +23,7 @@ from mlflow.models import Model
 from orchestrator.planning.plan import plan
 from orchestrator.planning.spec import parse_spec
 from orchestrator.records import model_registry, tracking
+from tests.orchestrator.conftest import ROOT
 from tests.workloads.lm.test_serving import TEXT, tokenizer_json, trained_like  # noqa: F401
 from tests.workloads.runtime.test_metrics import MlflowServer
 from workloads.core import logged_model
@@ -287,8 +287,7 @@ def test_a_registered_model_loads_in_a_fresh_venv_with_only_its_requirements(
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT ", 1)[1])
     print(f"fresh venv ({requirements.read_text().split()}): {out}")
-    root = Path(__file__).resolve().parents[2]
-    assert not out["code"].startswith(str(root))  # the model's own copy of the code
+    assert not out["code"].startswith(str(ROOT))  # the model's own copy of the code
     here = mlflow.pyfunc.load_model(str(tmp_path / "model")).predict(pd.DataFrame({"text": texts}))
     assert out["scores"]["token_count"] == here["token_count"].tolist()
     assert out["scores"]["nll"] == pytest.approx(here["nll"].tolist(), rel=1e-5)
