@@ -18,6 +18,21 @@ import pytest
 # The dashboard tests share one seeded store, made once in the process that runs them.
 RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
 DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
+# The Ray group sets the suite's wall: its tests are chains of process starts, one after
+# another, that use about one core of two. A process that runs the other tests yields the CPU
+# to it (nice 10, inherited by the servers and trainings those tests start) and fills what is
+# left; run alone, in one process (TEST_WORKERS=0), nothing is reniced.
+BACKGROUND_NICE = 10
+_reniced = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _reniced
+    group = item.get_closest_marker("xdist_group")
+    if (not _reniced and os.environ.get("PYTEST_XDIST_WORKER")
+            and not (group and group.args == RAY_CLUSTER.args)):
+        os.nice(BACKGROUND_NICE)
+        _reniced = True
 
 WORDS = ("the king queen crown sword night day love death honour speak hear thou thee my lord "
          "lady fair foul sweet bitter cold warm house field river stone ship sea").split()
