@@ -20,9 +20,11 @@ RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
 DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 # The Ray group sets the suite's wall: its tests are chains of process starts, one after
 # another, that use about one core of two. A process that runs the other tests yields the CPU
-# to it (nice 10, inherited by the servers and trainings those tests start) and fills what is
-# left; run alone, in one process (TEST_WORKERS=0), nothing is reniced.
-BACKGROUND_NICE = 10
+# to it and fills what is left: nice 19, inherited by the servers and trainings those tests
+# start, below Ray's workers (the raylet starts them at nice 15, RAY_worker_niceness), which
+# a process at nice 0 or 10 takes most of the CPU from. Run alone, in one process
+# (TEST_WORKERS=0), nothing is reniced.
+BACKGROUND_NICE = 19
 _reniced = False
 
 
