@@ -28,7 +28,7 @@ from orchestrator.records.model_registry import download_model, model_id_of
 from orchestrator.records.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
 from orchestrator.science.analysis import akima_optimum
 from tests.conftest import RAY_CLUSTER
-from tests.orchestrator.conftest import ROOT, orchestrator, stack_logs, write_spec
+from tests.orchestrator.conftest import ROOT, orchestrator, orchestrators, stack_logs, write_spec
 from workloads.core.architecture import CEM_BEST
 from workloads.core.pack import parse_name
 from workloads.core.provenance import code_fingerprint, git_commit
@@ -204,11 +204,11 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "akima_optima.json",
                                                       str(tmp_path))).read_text())
     assert len(table["data"]) == 2
-    results = orchestrator(env, "results", str(spec_path))
+    results, status = orchestrators(env, ("results", str(spec_path)),
+                                    ("status", str(spec_path)))
     assert results.returncode == 0 and "optimal LR" in results.stdout
     # Two learning rates bracket nothing: every optimum is flagged as sitting at a grid edge.
     assert results.stdout.count("optimum at a grid edge (seed 0)") == 2
-    status = orchestrator(env, "status", str(spec_path))
     split = re.search(r"time split of 4 finished trial\(s\): (\d+)% in train steps", status.stdout)
     total_train = sum(r.data.metrics["time/train_s"] for r in trials)
     total = sum(r.data.metrics["time/total_s"] for r in trials)
@@ -236,37 +236,44 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         assert version.source == f"models:/{models[best.info.run_id].model_id}"
         assert version.tags["trial_id"] == best.data.tags["cemlab.trial_id"]
         assert int(version.tags["params_total"]) == int(best.data.metrics["params_total"])
-    evaluated = orchestrator(env, "models", "eval", "cemlab-cem-nano@best")
+    job = subprocess.Popen(  # the same spec again, through the job server: checked below
+        ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
+         "run", str(spec_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    # The models commands, at once: each reads the registry; the two evaluations each store a
+    # tag of their own on the version.
+    cem = "cemlab-cem-nano@best"
+    generate = ("models", "generate", cem, "To be, or not", "--max-new-tokens", "24",
+                "--seed", "1")
+    evaluated, deeper, probed, listed, generated, again, exported, refused = orchestrators(
+        env, ("models", "eval", cem),
+        ("models", "eval", cem, "--attn-steps", "4", "--mlp-steps", "4",
+         "--step-size-scale", "0.5"),  # test-time recursion: T=2 trained, T=4 at eta / 2
+        ("models", "probe", cem, "--sequences", "4"), ("models", "list"), generate, generate,
+        ("models", "export", "cemlab-llama-nano@best", "--format", "hf", str(tmp_path / "hf")),
+        ("models", "export", cem, str(tmp_path / "c")))
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr[-2000:]
     assert "within 0.001" in evaluated.stdout
     version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
     recomputed = float(version.tags["test_perplexity_recomputed"])  # stored on the version
     assert recomputed == pytest.approx(float(version.tags["test_perplexity"]), rel=1e-3)
     # test-time recursion: the T=2 model at T=4 with eta halved, stored beside
-    deeper = orchestrator(env, "models", "eval", "cemlab-cem-nano@best", "--attn-steps", "4",
-                          "--mlp-steps", "4", "--step-size-scale", "0.5")
     assert deeper.returncode == 0, deeper.stdout + deeper.stderr[-2000:]
     assert "at test-time recursion attn4_mlp4_eta0.5" in deeper.stdout
     version = client.get_model_version_by_alias("cemlab-cem-nano", "best")
     at_four = float(version.tags["test_perplexity_attn4_mlp4_eta0.5"])
     assert math.isfinite(at_four) and at_four != recomputed
-    probed = orchestrator(env, "models", "probe", "cemlab-cem-nano@best", "--sequences", "4")
     assert probed.returncode == 0, probed.stdout + probed.stderr[-2000:]
     table = probed.stdout.split("kl_to_prior", 1)[1].splitlines()[2:]  # nano: 2 layers x T=2
     assert [tuple(line.split()[:2]) for line in table] == [
         ("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
     assert all(float(line.split()[-1]) >= 0 for line in table)
-    listed = orchestrator(env, "models", "list")
     assert "cemlab-llama-nano" in listed.stdout and "cemlab-cem-nano" in listed.stdout
     assert "registered (UTC)" in listed.stdout and "test ppl" in listed.stdout
-    generated = orchestrator(env, "models", "generate", "cemlab-cem-nano@best", "To be, or not",
-                             "--max-new-tokens", "24", "--seed", "1")
     assert generated.returncode == 0, generated.stderr[-2000:]
     sample = generated.stdout  # the prompt and its continuation (which may hold newlines)
     assert sample.startswith("To be, or not") and len(sample) > len("To be, or not") + 10
-    assert sample == orchestrator(env, "models", "generate", "cemlab-cem-nano@best",
-                                  "To be, or not", "--max-new-tokens", "24",
-                                  "--seed", "1").stdout  # seeded
+    assert sample == again.stdout  # seeded
     print(f"models generate cemlab-cem-nano@best: {sample!r}")
     card = download_model(version, env["MLFLOW_TRACKING_URI"], tmp_path / "card") / "README.md"
     assert version.tags["trial_id"] in card.read_text()
@@ -277,8 +284,6 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     from workloads.lm.package import load_decoder
     from workloads.lm.workload import package_dir
 
-    exported = orchestrator(env, "models", "export", "cemlab-llama-nano@best", "--format", "hf",
-                            str(tmp_path / "hf"))
     assert exported.returncode == 0, exported.stderr[-2000:]
     llama = client.get_model_version_by_alias("cemlab-llama-nano", "best")
     # The weights as trained (bf16 here), both models computing in fp32: the mapping is exact.
@@ -291,15 +296,13 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         difference = (ours(x) - hf(x).logits).abs().max().item()
     print(f"Hugging Face export: max |logits difference| {difference:.2e}")
     assert difference < 1e-4
-    refused = orchestrator(env, "models", "export", "cemlab-cem-nano@best", str(tmp_path / "c"))
     assert refused.returncode == 2 and "only Llama baselines" in refused.stderr
 
-    # The same spec through the job server: every trial is finished, nothing trains again.
-    job = subprocess.run(
-        ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
-         "run", str(spec_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
-    assert job.stdout.count("finished, skipped") == 4 and "Ray Tune" not in job.stdout
+    # The same spec through the job server (submitted with the models commands): every trial
+    # is finished, nothing trains again.
+    out, err = job.communicate(timeout=600)
+    assert job.returncode == 0, out[-3000:] + err[-3000:]
+    assert out.count("finished, skipped") == 4 and "Ray Tune" not in out
     assert len(client.search_runs([exp.experiment_id])) == 5
     assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
 
@@ -735,10 +738,6 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
             statistics.fmean(rmses))
         assert parent.data.metrics[f"gp-rbf/{variant}/gp-small/opt_rmse_std"] == (
             pytest.approx(statistics.stdev(rmses)))
-    status = orchestrator(env, "status")  # every experiment of the ledger, this one's counts
-    (line,) = [x.split() for x in status.stdout.splitlines() if x.startswith("gp-e2e ")]
-    assert line[1:7] == ["gp_regression", "4", "0", "0", "4", "0"]
-
     # A second experiment: a bracket that adapts, then the evaluation round. Its (t1, 0.004)
     # trials of seeds 0 and 1 are the first experiment's, copied through the trial cache; with
     # two learning rates each seed's validation optimum lies at one of them (a straight line
@@ -749,7 +748,10 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
               "learning_rates": {"grid": [0.002, 0.004], "max_points": 3,
                                  "eval_seeds": [7, 8]}}
     path = write_spec(tmp_path, adapts)
-    plan = orchestrator(env, "plan", str(path), "--no-calibrate")
+    status, plan = orchestrators(env, ("status",), ("plan", str(path), "--no-calibrate"))
+    # every experiment of the ledger, the first one's counts
+    (line,) = [x.split() for x in status.stdout.splitlines() if x.startswith("gp-e2e ")]
+    assert line[1:7] == ["gp_regression", "4", "0", "0", "4", "0"]
     assert "cached: 2 of 4 trial(s) finished in the ledger already" in plan.stdout, plan.stdout
     assert "up to 3 per arm: at most 2 more trial(s)" in plan.stdout, plan.stdout
     proc = orchestrator(env, "run", str(path))
@@ -765,7 +767,8 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
         assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
         assert copied.data.metrics["time/total_s"] == 0.0
     assert all(r.source_trial_id is None for r in more if r.lr != 0.004)  # trained here
-    assert "(cached)" in orchestrator(env, "status", str(path)).stdout
+    status, seeds = orchestrators(env, ("status", str(path)), ("seeds", str(path)))
+    assert "(cached)" in status.stdout
     tune = [r for r in more if r.seed in (0, 1)]
     val = {(r.lr, r.seed): r.val_metric for r in tune}
     lrs = sorted({lr for lr, _ in val})
@@ -786,8 +789,7 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
     assert evals == [(7, chosen), (8, chosen)]
     assert (f"evaluation round: t1@gp-small (gp-rbf) chose learning rate {chosen:g} on 2 "
             "tuning seed(s)") in proc.stdout
-    seeds = orchestrator(env, "seeds", str(path))  # the evaluation seeds' spread
-    assert seeds.returncode == 0, seeds.stderr[-2000:]
+    assert seeds.returncode == 0, seeds.stderr[-2000:]  # the evaluation seeds' spread
     logs = [math.log(r.metric) for r in more if r.seed in (7, 8)]
     assert f"{100 * statistics.stdev(logs):.2f}%" in seeds.stdout
     assert "2 evaluation" in seeds.stdout
