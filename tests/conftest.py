@@ -23,10 +23,8 @@ DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 # to it and fills what is left: nice 19, inherited by the servers and trainings those tests
 # start, below Ray's workers (the raylet starts them at nice 15, RAY_worker_niceness), which
 # a process at nice 0 or 10 takes most of the CPU from. Run alone, in one process
-# (TEST_WORKERS=0), nothing is reniced. The tests' own Ray clusters start their workers at
-# nice 0, not 15, so that they too come first.
+# (TEST_WORKERS=0), nothing is reniced.
 BACKGROUND_NICE = 19
-os.environ.setdefault("RAY_worker_niceness", "0")
 _reniced = False
 
 
