@@ -25,16 +25,12 @@ DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 # a process at nice 0 or 10 takes most of the CPU from. Run alone, in one process
 # (TEST_WORKERS=0), nothing is reniced.
 BACKGROUND_NICE = 19
-_reniced = False
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    global _reniced
     group = item.get_closest_marker("xdist_group")
-    if (not _reniced and os.environ.get("PYTEST_XDIST_WORKER")
-            and not (group and group.args == RAY_CLUSTER.args)):
-        os.nice(BACKGROUND_NICE)
-        _reniced = True
+    if os.environ.get("PYTEST_XDIST_WORKER") and not (group and group.args == RAY_CLUSTER.args):
+        os.nice(BACKGROUND_NICE - os.nice(0))  # nothing once the process is there
 
 WORDS = ("the king queen crown sword night day love death honour speak hear thou thee my lord "
          "lady fair foul sweet bitter cold warm house field river stone ship sea").split()
