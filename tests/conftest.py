@@ -15,7 +15,8 @@ import pytest
 # test acts on its own cluster's processes only (a fault test kills a worker of its stack's
 # process tree), never on the host's, and each stack keeps a Ray temp dir of its own
 # (infra/local/up.sh), so a study or a demo beside the suite is left alone.
-# The dashboard tests share one seeded store, made once in the process that runs them.
+# The dashboard tests share one seeded store and one imported study, made once in the process
+# that runs them.
 RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
 DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 # The Ray group sets the suite's wall: its tests are chains of process starts, one after

@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 
 from dashboards import page_bench, reads
+from tests.conftest import DASHBOARD_STORE
 
+pytestmark = DASHBOARD_STORE  # the imported study is made once, where the pages read it too
 ROOT = Path(__file__).resolve().parents[2]
 SAME = ["experiment", "run_name", "status", "dataset", "variant", "size", "lr", "seed", "trial",
         "test_perplexity", "val_perplexity", "test_rmse", "val_rmse", "attention", "mlp",
