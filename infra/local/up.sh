@@ -230,6 +230,11 @@ echo $! > "$RUN/mlflow.pid"
 echo "starting Ray head on $BIND:$RAY_PORT (dashboard http://$BIND:$DASH_PORT, token auth)"
 # No drain on SIGTERM (down.sh): it waits for Serve-style traffic we do not have, and a node that
 # has run a job (its detached actors live on) waited out the whole 30 s.
+# The log monitor, which streams workers' output to their drivers, reads every log file it holds
+# open ten times a second and lists the log directory as often: it lists it every 0.5 s instead
+# and moves an ended worker's files aside once 64 are open (not 200), which cuts its CPU by more
+# than half on a node whose trials start and end many workers (docs/benchmarks.md).
+RAY_LOG_MONITOR_MANY_FILES_THRESHOLD=0 RAY_LOG_MONITOR_MAX_OPEN_FILES=64 \
 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 ${GLOO_IFACE:+env GLOO_SOCKET_IFNAME=$GLOO_IFACE} \
 setsid "$VENV_BIN/ray" start --head --block --disable-usage-stats \
   --node-ip-address="$BIND" --port="$RAY_PORT" --temp-dir="$RAY_TEMP_DIR" \
