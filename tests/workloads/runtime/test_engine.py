@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # gloo and DeepSpeed's CPU accelerator
 
 # One rank on the CPU, fp32: the language-model loop with a DeepSpeed engine, with a torch
-# engine, then with the DeepSpeed engine compiled.
+# engine, then with the DeepSpeed engine compiled; one layer, the compile of two cut by a third.
 SCRIPT = """
 import dataclasses, json, sys
 sys.path.insert(0, sys.argv[1])
@@ -29,7 +29,7 @@ from workloads.runtime.session import LocalDeepSpeedSession, LocalSession, one_r
 from torch._dynamo.utils import counters
 
 tmp = Path(sys.argv[2])
-job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10)
+job = nano_job(write_corpus(tmp / "corpus"), tmp, micro=4, accum=2, steps=10, n_layer=1)
 engine = job.trial.engine.model_copy(update={  # and more DeepSpeed config, from the spec
     "compile": True, "deepspeed": {"zero_optimization": {"contiguous_gradients": True}}})
 compiled = dataclasses.replace(job, trial=dataclasses.replace(job.trial, engine=engine))
