@@ -28,7 +28,7 @@ help:
 	@echo "make setup      create $(VENV) (CPU torch first where no CUDA GPU) and install cemlab[dev]"
 	@echo "make demo       start local Ray + MLflow, submit experiments/demo.yaml with ray job submit"
 	@echo "make test       run the whole test suite (what CI runs)"
-	@echo "make test-fast  run the unit tests only (no end-to-end runs), under 2 minutes on 2 cores"
+	@echo "make test-fast  run the unit tests only (no end-to-end runs), 1.5-4 minutes on 2 cores"
 	@echo "make cluster-test  rehearse a 2-host cluster on this machine (root: network namespaces)"
 	@echo "make reproduce-cpu  run the paper's claims at CPU scale, write docs/results/REPORT.md"
 	@echo "make recursion-cpu  the recursion study (T=2 vs T=1 per reading): docs/results/recursion*/"
