@@ -13,8 +13,8 @@ SERVICES := $(CEMLAB_HOME)/services.env
 DASHBOARD_PORT ?= 8501
 # Test processes (pytest-xdist): the end-to-end tests wait on servers and processes much of
 # their time, so two share two cores well; the tests that start a Ray cluster run in one group,
-# one at a time in one process, and the other process yields the CPU to them (nice 19,
-# tests/conftest.py). TEST_WORKERS=0 runs them all in this process.
+# one at a time in one process, and the other process yields the CPU to them (nice 19; the S3
+# stack's grid runs there too: tests/conftest.py). TEST_WORKERS=0 runs them all in this process.
 # Their OpenMP threads wait passively: spinning, each process's threads take the other's cores.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)

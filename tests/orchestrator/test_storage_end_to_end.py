@@ -15,12 +15,11 @@ import pytest
 from mlflow import MlflowClient
 
 from orchestrator.records.ledger import Ledger, Status
-from tests.conftest import RAY_CLUSTER
 from tests.orchestrator.conftest import ROOT, local_services, orchestrator, stack_logs, write_spec
 from workloads.core.logged_model import model_of_run
 from workloads.core.storage import StorageRoot
 
-pytestmark = [pytest.mark.slow, RAY_CLUSTER]
+pytestmark = pytest.mark.slow  # in the background process (tests/conftest.py)
 
 
 def _keys(storage: StorageRoot) -> set[str]:
