@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-# pytest-xdist (make test) runs the tests that start a Ray cluster in one group (RAY_CLUSTER), in
-# one process, one test at a time, while the other process runs the rest: two clusters side by
-# side at full speed would share the two cores and each Ray test would take two to three times
-# as long. Those of test_end_to_end.py share one local stack; the others (the two-host
-# rehearsal, Ray Data) start a cluster of their own. Still, a test acts on its own cluster's
-# processes only (a fault test kills a worker of its stack's process tree), never on the host's,
-# and each stack keeps a Ray temp dir of its own (infra/local/up.sh), so a study or a demo beside
-# the suite is left alone.
+# pytest-xdist (make test) runs the tests that start a Ray cluster (but one, below) in one group
+# (RAY_CLUSTER), in one process, one test at a time, while the other process runs the rest: two
+# clusters side by side at full speed would share the two cores and each Ray test would take two
+# to three times as long. Those of test_end_to_end.py share one local stack; the others (the
+# two-host rehearsal, Ray Data) start a cluster of their own. Still, a test acts on its own
+# cluster's processes only (a fault test kills a worker of its stack's process tree), never on
+# the host's, and each stack keeps a Ray temp dir of its own (infra/local/up.sh), so a study or a
+# demo beside the suite is left alone.
 # The dashboard tests share one seeded store and one imported study, made once in the process
 # that runs them.
 RAY_CLUSTER = pytest.mark.xdist_group("ray-cluster")
@@ -24,9 +24,9 @@ DASHBOARD_STORE = pytest.mark.xdist_group("dashboard-store")
 # to it and fills what is left: nice 19, inherited by the servers and trainings those tests
 # start, below Ray's workers (the raylet starts them at nice 15, RAY_worker_niceness), which
 # a process at nice 0 or 10 takes most of the CPU from. The S3 and PostgreSQL stack's grid
-# (test_storage_end_to_end.py) runs there too, at nice 19 with its own cluster: the other process
-# ends minutes before the Ray group without it. Run alone, in one process (TEST_WORKERS=0),
-# nothing is reniced.
+# (test_storage_end_to_end.py) runs there too, at nice 19 with its own cluster: where the Ray
+# group would otherwise end minutes after the other process, it fills cores left idle. Run
+# alone, in one process (TEST_WORKERS=0), nothing is reniced.
 BACKGROUND_NICE = 19
 
 
