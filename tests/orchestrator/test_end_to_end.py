@@ -83,13 +83,15 @@ def train_workers(home: Path) -> list:
 
 
 def committed_checkpoints(ledger: Ledger, experiment: str) -> list[str]:
-    """The checkpoints Ray Train has committed (every rank reported) for the running trial of
-    ``experiment``, oldest first, from its checkpoint manager's snapshot."""
+    """The checkpoints Ray Train has committed (every rank reported) in the run of the running
+    trials of ``experiment`` (a pack's run holds all its trials'), oldest first, from its
+    checkpoint manager's snapshot."""
     exp = ledger.experiment(experiment)
-    rows = ledger.trials(exp.id) if exp else []
-    if not rows or rows[0].status != "RUNNING" or not rows[0].checkpoint_path:
-        return []  # the run directory is recorded at the trial's first checkpoint there
-    snapshot = Path(rows[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
+    running = [r for r in (ledger.trials(exp.id) if exp else [])
+               if r.status == "RUNNING" and r.checkpoint_path]
+    if not running:
+        return []  # the run directory is recorded at a trial's first checkpoint there
+    snapshot = Path(running[0].checkpoint_path) / "checkpoint_manager_snapshot.json"
     text = snapshot.read_text() if snapshot.exists() else ""
     return sorted(set(re.findall(r"checkpoint_\w+?_\d{9}_\d+", text)))
 
@@ -404,20 +406,27 @@ def test_a_trial_survives_its_killed_worker_then_its_killed_driver_bit_identical
     assert val_steps == list(range(20, 101, 20))
 
 
-def test_a_study_loses_nothing_to_a_killed_worker_and_goes_on_from_its_bundle_when_killed(
+def test_a_study_loses_nothing_to_killed_workers_and_goes_on_from_its_bundle_bit_identical(
         services, tmp_path):
-    """A pico study of four trials that one worker group trains in turn (one pack). Its worker
-    is SIGKILLed as soon as the first trial is FINISHED: the restarted group finds that trial's
-    final checkpoint, reports it again untrained, and trains the next. Its job is killed once
-    two have finished, and exported as a result bundle; a fresh ledger (another machine's)
-    imports it, and `cemlab run` there trains only the two that were missing, each imported one
-    skipped with its metrics as they were."""
+    """A study of four trials (2 learning rates x 2 seeds) that one worker group trains as two
+    stacks of two in turn (one pack). Its worker is SIGKILLed as soon as the first stack is
+    FINISHED: the restarted group finds both members' final checkpoints, reports them again
+    untrained, and trains the second stack. A result bundle exported then holds the first
+    stack alone. The second stack's worker is SIGKILLed too, once each of its members has a
+    checkpoint Ray Train committed: the group restarts, and every member resumes from its own
+    checkpoint, all at one step, each step logged once in its own run. A fresh ledger (another
+    machine's) imports the bundle, and `cemlab run` there trains only the second stack,
+    uninterrupted: to the bit what the resumed stack gave."""
+    from orchestrator.records.bundles import export_bundle
+
     home, env = services
-    spec = {**SPEC, "name": "resumable", "sizes": ["pico"], "variants": {"llama": {}},
-            "learning_rates": [0.003, 0.006], "seeds": [0, 1], "budget": {"tokens": 40 * 16 * 64},
+    steps = 100  # a checkpoint every 20: the second kill leaves 40 steps or more to train
+    spec = {**SPEC, "name": "resumable", "variants": {"llama": {}},
+            "learning_rates": [0.002, 0.006], "seeds": [0, 1],
+            "budget": {"tokens": steps * 16 * 64},
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
-            "resources": {"num_workers": 1, "cpus_per_worker": 2,  # one at a time: one pack
-                          "stack": 1}}  # of four trials in turn, not one stack
+            "resources": {"num_workers": 1, "cpus_per_worker": 2,  # one group: one pack
+                          "stack": 2}}  # of two stacks of two, in turn
     spec_path = write_spec(tmp_path, spec)
     log = tmp_path / "resumable.log"  # a file, not a pipe that nobody reads while it runs
     with log.open("w") as out:
@@ -427,47 +436,66 @@ def test_a_study_loses_nothing_to_a_killed_worker_and_goes_on_from_its_bundle_wh
                                env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
-    def finished() -> list:
+    def rows() -> list:
         exp = ledger.experiment("resumable")
-        return [r for r in (ledger.trials(exp.id) if exp else []) if r.status == Status.FINISHED]
+        return ledger.trials(exp.id) if exp else []
 
-    def wait_finished(count: int) -> None:
+    def wait(ready, what: str) -> None:
         deadline = time.monotonic() + 300
-        while len(finished()) < count:
-            assert job.poll() is None and time.monotonic() < deadline
+        while not ready():
+            assert job.poll() is None, f"the study ended before {what}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"not {what} within 300 s"
             time.sleep(0.05)
 
-    wait_finished(1)  # the pack's first trial settles; its worker turns to the second
-    (first,) = finished()
-    workers = train_workers(home)
-    assert len(workers) == 1, workers
-    workers[0].kill()
-    wait_finished(2)
-    job.send_signal(signal.SIGKILL)  # the study stops here: its driver dies with the job
-    job.wait()
-    output = log.read_text()
-    done = {r.trial_hash: r for r in finished()}
-    assert 2 <= len(done) < 4, "the study had finished before the kill: nothing was tested"
-    # The restarted group found the first trial trained and reported it again, untrained.
-    assert "Attempting to start training worker group" in output
-    assert output.count("trained already") == 1, output[-3000:]
-    assert re.search(rf"checkpoint_{first.trial_hash}_000000040_\d+\): reported again", output)
-    again = done[first.trial_hash]
-    assert (again.metric, again.val_metric, again.checkpoint_path) == (
-        first.metric, first.val_metric, first.checkpoint_path)
+    wait(lambda: sum(r.status == Status.FINISHED for r in rows()) >= 2, "its first stack")
+    first = {r.trial_hash: r for r in rows() if r.status == Status.FINISHED}
+    (worker,) = train_workers(home)
+    worker.kill()  # the pack's group turns to the second stack: killed before it trains it
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    bundle = tmp_path / "results" / "resumable"
+    manifest = export_bundle(ledger, ["resumable"], bundle, client)
+    assert manifest.trials == 2, manifest  # the restarted group has trained nothing yet
+    second = {r.trial_hash for r in rows()} - set(first)
+    assert len(first) == len(second) == 2, "the stacks are not two of two"
+
+    def members_checkpointed() -> int:  # members of the second stack with a committed one
+        return len({parse_name(name)[0] for name in committed_checkpoints(ledger, "resumable")}
+                   & second)
+
+    wait(lambda: members_checkpointed() == 2, "a checkpoint of each member of its second stack")
+    (worker,) = train_workers(home)
+    worker.kill()
+    newest = max(parse_name(name)[1] for name in committed_checkpoints(ledger, "resumable")
+                 if parse_name(name)[0] in second)
+    assert newest < steps, "the second stack had finished before the kill: nothing was tested"
+    job.wait(timeout=600)
+    output = log.read_text()
+    assert job.returncode == 0, output[-3000:]
+    done = {r.trial_hash: r for r in rows()}
+    assert len(done) == 4 and {r.status for r in done.values()} == {Status.FINISHED}
+    # Both restarts found the first stack trained and reported its members again, untrained.
+    assert output.count("Attempting to start training worker group") >= 2, output[-3000:]
+    assert output.count("trained already") == 4, output[-3000:]
+    for trial, before in first.items():
+        assert re.search(rf"checkpoint_{trial}_{steps:09d}_\d+\): reported again", output)
+        again = done[trial]
+        assert (again.metric, again.val_metric, again.checkpoint_path) == (
+            before.metric, before.val_metric, before.checkpoint_path)
+    # each member of the second stack from its own checkpoint, all at one step (the last two:
+    # a kill between two members' checkpoints first restores, then takes both back to the step
+    # each has)
+    resumed = re.findall(r"resumed from step (\d+) ", output)[-2:]
+    assert len(resumed) == 2 and len(set(resumed)) == 1, output[-3000:]
+    assert int(resumed[0]) in range(20, steps, 20)
     for row in done.values():  # every step of each trial once, each in its own run
-        steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, "loss"))
-        assert steps == list(range(1, 41)), row.trial_hash
+        for key in ("loss", "lr", "tokens_seen"):
+            logged = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
+            assert logged == list(range(1, steps + 1)), (row.trial_hash, key)
         assert Path(row.checkpoint_path).is_dir()
-    assert len({r.mlflow_run_id for r in done.values()}) == len(done)
-    # the final checkpoints of both attempts' trials kept in the pack's one run directory
+    assert len({r.mlflow_run_id for r in done.values()}) == 4
+    # the final checkpoints of all three attempts' trials kept in the pack's one run directory
     assert len({Path(r.checkpoint_path).parent for r in done.values()}) == 1
 
-    bundle = tmp_path / "results" / "resumable"
-    exported = orchestrator(env, "export", "resumable", "--out", str(bundle))
-    assert exported.returncode == 0, exported.stderr[-3000:]
-    assert f"{len(done)} finished trial(s) of 1 experiment(s)" in exported.stdout
     fresh = {**env, "CEMLAB_LEDGER_URL": f"sqlite:///{tmp_path / 'fresh-ledger.db'}"}
     imported = orchestrator(fresh, "import", str(bundle.parent))
     assert imported.returncode == 0, imported.stderr[-3000:]
@@ -476,72 +504,15 @@ def test_a_study_loses_nothing_to_a_killed_worker_and_goes_on_from_its_bundle_wh
     assert again.returncode == 0, output[-3000:]
     skipped = re.findall(r"\((\w{12})\): finished, skipped", output)
     claimed = re.findall(r"\((\w{12})\): claimed by", output)
-    assert sorted(skipped) == sorted(done) and len(claimed) == 4 - len(done), output[-3000:]
-    rows = Ledger(fresh["CEMLAB_LEDGER_URL"]).trials(1)
-    assert len(rows) == 4 and all(r.status == Status.FINISHED for r in rows)
-    for row in rows:
-        if row.trial_hash in done:  # as the first machine finished it
-            before = done[row.trial_hash]
-            assert (row.metric, row.val_metric) == (before.metric, before.val_metric)
-
-
-def test_a_worker_killed_mid_stack_resumes_every_member_bit_identical(services, tmp_path):
-    """Four trials (2 learning rates x 2 seeds) train as one stack under Ray Tune and Train;
-    the same four again in an experiment of their own, their worker killed after a
-    checkpoint: Ray Train restarts the group, every member resumes from its own checkpoint,
-    and ends with the uninterrupted stack's metrics to the bit, each step logged once."""
-    home, env = services
-    spec = {**SPEC, "name": "stack-reference", "variants": {"llama": {}},
-            "learning_rates": [0.002, 0.006], "seeds": [0, 1],
-            "budget": {"tokens": 60 * 16 * 64},  # 60 steps, a checkpoint every 20
-            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
-            "resources": {"num_workers": 1, "cpus_per_worker": 2}}  # one slot: one stack of 4
-    reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
-    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
-    assert "a stack of 4 trials" in reference.stdout + reference.stderr
-    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
-    uninterrupted = {r.trial_hash: r for r in ledger.trials(ledger.experiment(
-        "stack-reference").id)}
-    assert len(uninterrupted) == 4 and all(r.status == Status.FINISHED
-                                           for r in uninterrupted.values())
-    job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
-                            str(write_spec(tmp_path, {**spec, "name": "stack-killed"}))],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
-
-    def members_checkpointed() -> int:  # members with a checkpoint Ray Train has committed
-        return len({parse_name(name)[0] for name in committed_checkpoints(ledger,
-                                                                          "stack-killed")})
-
-    deadline = time.monotonic() + 300
-    while members_checkpointed() < 4:
-        assert job.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    workers = train_workers(home)
-    assert len(workers) == 1, workers
-    workers[0].kill()
-    assert checkpointed_step(ledger, "stack-killed") < 60, (
-        "the stack had finished before the kill: nothing was tested")
-    output = job.communicate(timeout=600)[0]
-    assert job.returncode == 0, output[-3000:]
-    # each member from its own checkpoint, all at one step (the last four: a kill between two
-    # members' checkpoints first restores, then takes all back to the step every member has)
-    resumed = re.findall(r"resumed from step (\d+) ", output)[-4:]
-    assert len(resumed) == 4 and len(set(resumed)) == 1, "\n".join(
-        line for line in output.splitlines() if "[train]" in line)[-3000:]
-    assert int(resumed[0]) in range(20, 60, 20)
-    killed = ledger.trials(ledger.experiment("stack-killed").id)
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    for row in killed:
-        before = uninterrupted[row.trial_hash]
-        assert row.status == Status.FINISHED
-        assert (row.metric, row.val_metric) == (before.metric, before.val_metric)
-        for key in ("loss", "lr", "tokens_seen"):  # every step once, in the member's own run
-            steps = sorted(x.step for x in client.get_metric_history(row.mlflow_run_id, key))
-            assert steps == list(range(1, 61)), key
-    assert len({r.mlflow_run_id for r in killed}) == 4
-    print(f"stack of 4 killed after step {resumed[0]}: test perplexities "
-          f"{sorted(r.metric for r in killed)}, as uninterrupted")
+    assert sorted(skipped) == sorted(first) and sorted(claimed) == sorted(second), output[-3000:]
+    assert "resumed from step" not in output  # trained from its start, uninterrupted
+    elsewhere = Ledger(fresh["CEMLAB_LEDGER_URL"]).trials(1)
+    assert len(elsewhere) == 4 and all(r.status == Status.FINISHED for r in elsewhere)
+    for row in elsewhere:  # as the first machine had them: imported, or trained alike
+        before = done[row.trial_hash]
+        assert (row.metric, row.val_metric) == (before.metric, before.val_metric), row.trial_hash
+    print(f"second stack killed after step {resumed[0]}: test perplexities "
+          f"{sorted(done[t].metric for t in second)}, as trained uninterrupted elsewhere")
 
 
 def test_a_failed_trial_is_recorded_and_the_next_loses_no_metric_point_to_a_tracking_outage(
