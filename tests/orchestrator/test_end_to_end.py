@@ -309,15 +309,26 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
 
 
-def test_a_trial_survives_its_killed_worker_then_its_killed_driver_bit_identical_in_bf16(
+JOB_START_TIMES = """
+import json, sys
+from ray.job_submission import JobSubmissionClient, JobType
+jobs = JobSubmissionClient().list_jobs()
+print(json.dumps([j.start_time / 1000 for j in jobs
+                  if j.type == JobType.SUBMISSION and sys.argv[1] in j.entrypoint]))
+"""
+
+
+def test_a_bf16_trial_submitted_twice_trains_once_then_survives_its_killed_worker_and_driver(
         services, tmp_path):
-    """A 100-step bf16 trial of 2 Ray Train workers (ZeRO-2), trained once uninterrupted, then
-    again in an experiment of its own. There, one of its two worker processes is SIGKILLed once
-    Ray Train has committed a checkpoint: Ray Train restarts the group in the same submission,
-    from that checkpoint. A checkpoint later the submitting driver itself is SIGKILLed, and the
-    newest checkpoint corrupted. The resubmission waits out the dead driver's lease, takes
-    the trial over, passes over the corrupt checkpoint to the previous one and finishes in the
-    same MLflow run: every step logged once, and the uninterrupted trial's validation and test
+    """A 100-step bf16 trial of 2 Ray Train workers (ZeRO-2), submitted twice at once with
+    ``ray job submit``: one submission trains it, uninterrupted, the other waits for it; each
+    says what it left and why, one MLflow run holds every step once. The same trial again, in
+    an experiment of its own: one of its two worker processes is SIGKILLed once Ray Train has
+    committed a checkpoint, and Ray Train restarts the group in the same submission, from that
+    checkpoint. A checkpoint later the submitting driver itself is SIGKILLed, and the newest
+    checkpoint corrupted. The resubmission waits out the dead driver's lease, takes the trial
+    over, passes over the corrupt checkpoint to the previous one and finishes in the same
+    MLflow run: every step logged once, and the uninterrupted trial's validation and test
     perplexity to the bit (data order, RNG states and the LR schedule all restored)."""
     home, env = services
     spec = {**SPEC, "name": "bf16-reference", "variants": {"llama": {}},
@@ -325,8 +336,41 @@ def test_a_trial_survives_its_killed_worker_then_its_killed_driver_bit_identical
             "budget": {"tokens": 100 * 16 * 64},  # 100 steps, a checkpoint every 20
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "engine": {"zero_stage": 2, "precision": "bf16"}}
-    reference = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
-    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    reference_path = write_spec(tmp_path, spec)
+    submit = ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
+              "run", str(reference_path)]
+    jobs = [subprocess.Popen(submit, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [job.communicate(timeout=900)[0] for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
+    (uninterrupted,) = ledger.trials(ledger.experiment("bf16-reference").id)
+    assert uninterrupted.status == Status.FINISHED and uninterrupted.lease_owner is None
+    claimed = [re.findall(r"\((\w{12})\): claimed by", o) for o in outputs]
+    assert sorted(claimed, key=len) == [[], [uninterrupted.trial_hash]]  # by one of the two
+    waited = outputs[claimed.index([])]  # and the other said why it left it, and waited
+    assert re.search(rf"\({uninterrupted.trial_hash}\): held by \S+ until .* which trains it",
+                     waited) and "waiting for 1 trial(s)" in waited, waited[-3000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("bf16-reference").experiment_id])
+    (run,) = [r for r in runs if r.data.tags.get("cemlab.role") == "trial"]
+    assert len(runs) == 2 and run.info.run_id == uninterrupted.mlflow_run_id  # and a parent
+    # The first step counts from the submission as Ray's job server recorded it, so the job's
+    # runtime environment and its driver's start count too.
+    listed = subprocess.run([sys.executable, "-c", JOB_START_TIMES, str(reference_path)],
+                            env=env, text=True, capture_output=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    submitted = json.loads(listed.stdout)  # UNIX s of each submission
+    assert len(submitted) == 2
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted(x.step for x in losses) == list(range(1, 101))  # trained once
+    step_1_done = next(x.timestamp for x in losses if x.step == 1) / 1000
+    first_step_s = run.data.metrics["time/first_step_s"]
+    assert step_1_done - max(submitted) - 2 < first_step_s < step_1_done - min(submitted)
+    versions = client.search_model_versions(
+        f"name = 'cemlab-llama-nano' and run_id = '{run.info.run_id}'")
+    assert len(versions) == 1  # both submissions register; one version per run stays
+
     spec_path = write_spec(tmp_path, {**spec, "name": "bf16-killed"})
     log = tmp_path / "bf16-killed.log"  # a file, not a pipe that nobody reads while it runs
     with log.open("w") as out:  # the same trial again: trained, not copied from the reference
@@ -334,7 +378,6 @@ def test_a_trial_survives_its_killed_worker_then_its_killed_driver_bit_identical
                                   str(spec_path)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                  env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"],
                                       "CEMLAB_LEASE_S": "30"})  # lapses <= 30 s after death
-    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
     def newest_committed() -> int:  # the step of Ray Train's newest committed checkpoint
         return max((parse_name(name)[1] for name in committed_checkpoints(
@@ -385,14 +428,12 @@ def test_a_trial_survives_its_killed_worker_then_its_killed_driver_bit_identical
     resumed = [line for line in output.splitlines() if "resumed from step" in line]
     assert resumed and f"resumed from step {previous_step} " in resumed[0], output[-3000:]
     (row,) = ledger.trials(ledger.experiment("bf16-killed").id)
-    (uninterrupted,) = ledger.trials(ledger.experiment("bf16-reference").id)
     assert row.trial_hash == uninterrupted.trial_hash and row.status == Status.FINISHED
     assert (row.metric, row.val_metric) == (uninterrupted.metric, uninterrupted.val_metric)
     print(f"bf16, its worker killed after step {killed_at}, its driver after step "
           f"{killed_at + 20}, resumed from step {previous_step}: val {row.val_metric!r}, test "
           f"{row.metric!r}; uninterrupted: val {uninterrupted.val_metric!r}, test "
           f"{uninterrupted.metric!r}")
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("bf16-killed")
     trial_runs = client.search_runs([exp.experiment_id], "tags.`cemlab.role` = 'trial'")
     assert [r.info.run_id for r in trial_runs] == [row.mlflow_run_id]  # one run, reused
@@ -619,66 +660,6 @@ def test_a_failed_trial_is_recorded_and_the_next_loses_no_metric_point_to_a_trac
     assert val_steps == list(range(20, 161, 20))
     print(f"outage: stopped at checkpoint step {at_stop}, step {during} checkpointed during the "
           f"{outage_s:.0f} s; {3 * 160} step points and {len(val_steps)} validations, each once")
-
-
-JOB_START_TIMES = """
-import json, sys
-from ray.job_submission import JobSubmissionClient, JobType
-jobs = JobSubmissionClient().list_jobs()
-print(json.dumps([j.start_time / 1000 for j in jobs
-                  if j.type == JobType.SUBMISSION and sys.argv[1] in j.entrypoint]))
-"""
-
-
-def test_two_submissions_of_one_spec_at_once_train_every_trial_once(services, tmp_path):
-    home, env = services
-    spec = {**SPEC, "name": "twice", "variants": {"llama": {}}, "learning_rates": [0.004],
-            "seeds": [0, 1],
-            "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
-            "resources": {"num_workers": 1, "cpus_per_worker": 1}}
-    spec_path = write_spec(tmp_path, spec)
-    submit = ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
-              "run", str(spec_path)]
-    jobs = [subprocess.Popen(submit, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outputs = [job.communicate(timeout=900)[0] for job in jobs]
-    assert [job.returncode for job in jobs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-
-    ledger = Ledger(env["CEMLAB_LEDGER_URL"])
-    rows = ledger.trials(ledger.experiment("twice").id)
-    ids = {r.trial_hash for r in rows}
-    assert len(ids) == 2 and all(r.status == Status.FINISHED for r in rows)
-    assert all(r.lease_owner is None for r in rows)  # settled trials hold no lease
-    claimed = [set(re.findall(r"\((\w{12})\): claimed by", o)) for o in outputs]
-    assert claimed[0] | claimed[1] == ids and not claimed[0] & claimed[1]  # each by one
-    for out, mine in zip(outputs, claimed, strict=True):  # each said what it left, and why
-        others = set(re.findall(r"\((\w{12})\): (?:held by \S+ until|finished, skipped)", out))
-        assert others == ids - mine, out[-3000:]
-    assert any("which trains it" in o and "waiting for" in o for o in outputs)  # they overlapped
-
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name("twice")
-    runs = client.search_runs([exp.experiment_id])
-    trial_runs = [r for r in runs if r.data.tags.get("cemlab.role") == "trial"]
-    assert len(runs) == 3 and sorted(r.info.run_id for r in trial_runs) == sorted(
-        r.mlflow_run_id for r in rows)  # one parent run, one run per trial
-    # The first step counts from the submission as Ray's job server recorded it, so the job's
-    # runtime environment and its driver's start count too.
-    listed = subprocess.run([sys.executable, "-c", JOB_START_TIMES, str(spec_path)], env=env,
-                            text=True, capture_output=True, timeout=120)
-    assert listed.returncode == 0, listed.stderr[-2000:]
-    submitted = json.loads(listed.stdout)  # UNIX s of each submission
-    assert len(submitted) == 2
-    for run in trial_runs:  # each trained once: every step logged exactly once
-        losses = client.get_metric_history(run.info.run_id, "loss")
-        steps = sorted(x.step for x in losses)
-        assert steps == list(range(1, 41)), run.info.run_id
-        step_1_done = next(x.timestamp for x in losses if x.step == 1) / 1000
-        first_step_s = run.data.metrics["time/first_step_s"]
-        assert step_1_done - max(submitted) - 2 < first_step_s < step_1_done - min(submitted)
-        versions = client.search_model_versions(
-            f"name = 'cemlab-llama-nano' and run_id = '{run.info.run_id}'")
-        assert len(versions) <= 1  # both submissions register; one version per run stays
 
 
 def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
