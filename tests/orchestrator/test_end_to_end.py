@@ -52,6 +52,10 @@ SPEC = {
 }
 
 
+SUBMIT_RUN = ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
+              "run"]  # and a spec: `cemlab run` through Ray's job server
+
+
 def checkpointed_step(ledger: Ledger, experiment: str, rank: int = 0,
                       trial: str | None = None) -> int:
     """The newest step rank ``rank`` has written a checkpoint of, in trial ``trial`` (its hash)
@@ -239,8 +243,7 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         assert version.tags["trial_id"] == best.data.tags["cemlab.trial_id"]
         assert int(version.tags["params_total"]) == int(best.data.metrics["params_total"])
     job = subprocess.Popen(  # the same spec again, through the job server: checked below
-        ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
-         "run", str(spec_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        [*SUBMIT_RUN, str(spec_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     # The models commands, at once: each reads the registry; the two evaluations each store a
     # tag of their own on the version.
@@ -337,10 +340,9 @@ def test_a_bf16_trial_submitted_twice_trains_once_then_survives_its_killed_worke
             "training": {**SPEC["training"], "eval_sequences": 8, "energy_diagnostics": False},
             "engine": {"zero_stage": 2, "precision": "bf16"}}
     reference_path = write_spec(tmp_path, spec)
-    submit = ["ray", "job", "submit", "--working-dir", ".", "--", "python", "-m", "orchestrator",
-              "run", str(reference_path)]
-    jobs = [subprocess.Popen(submit, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    jobs = [subprocess.Popen([*SUBMIT_RUN, str(reference_path)], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(2)]
     outputs = [job.communicate(timeout=900)[0] for job in jobs]
     assert [job.returncode for job in jobs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
@@ -499,15 +501,15 @@ def test_a_study_loses_nothing_to_killed_workers_and_goes_on_from_its_bundle_bit
     second = {r.trial_hash for r in rows()} - set(first)
     assert len(first) == len(second) == 2, "the stacks are not two of two"
 
-    def members_checkpointed() -> int:  # members of the second stack with a committed one
-        return len({parse_name(name)[0] for name in committed_checkpoints(ledger, "resumable")}
-                   & second)
+    def second_committed() -> list[tuple[str, int, int]]:  # the second stack's, parsed
+        return [c for c in map(parse_name, committed_checkpoints(ledger, "resumable"))
+                if c[0] in second]
 
-    wait(lambda: members_checkpointed() == 2, "a checkpoint of each member of its second stack")
+    wait(lambda: len({trial for trial, _, _ in second_committed()}) == 2,
+         "a checkpoint of each member of its second stack")
     (worker,) = train_workers(home)
     worker.kill()
-    newest = max(parse_name(name)[1] for name in committed_checkpoints(ledger, "resumable")
-                 if parse_name(name)[0] in second)
+    newest = max(step for _, step, _ in second_committed())
     assert newest < steps, "the second stack had finished before the kill: nothing was tested"
     job.wait(timeout=600)
     output = log.read_text()
