@@ -1,9 +1,14 @@
 """Local CEM Lab services for the end-to-end tests: a token-authenticated Ray head and an MLflow
 server (basic auth) started by infra/local/up.sh in a temporary CEMLAB_HOME, stopped by down.sh."""
 
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
 import os
+import runpy
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,27 +69,83 @@ def orchestrator(env: dict, *args: str, timeout: int = 900) -> subprocess.Comple
     return orchestrators(env, args, timeout=timeout)[0]
 
 
+# What the commands import (torch, Ray Train and Tune, MLflow, transformers), imported once:
+# each command is a process forked from Python's forkserver, which imported these and nothing
+# else (no thread, no OpenMP pool, no connection), instead of a fresh interpreter. A command
+# is otherwise mostly its imports: `plan` took 4.2 core-seconds as a subprocess, 0.35 forked.
+COMMAND_IMPORTS = ["orchestrator.cli", "orchestrator.execution.run",
+                   "orchestrator.records.model_registry", "orchestrator.science.results",
+                   "orchestrator.science.report", "orchestrator.planning.plan",
+                   "orchestrator.planning.calibrate", "workloads.lm.workload",
+                   "workloads.gp.workload", "transformers"]
+_COMMANDS = multiprocessing.get_context("forkserver")
+_forkserver_stack: list[str] = []  # the CEMLAB_HOME whose environment the forkserver has
+
+
+def _forkserver_for(env: dict) -> None:
+    """The forkserver, started in the environment of ``env``'s stack: Ray reads some of it
+    as it is imported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, its C++ settings), so the one of
+    another stack is stopped first. Several commands at once share the cores, so their OpenMP
+    threads wait passively (spinning, the grid test's eight models commands took 55 s, 28 s
+    passive): ``OMP_WAIT_POLICY``, which OpenMP reads once, as torch loads it."""
+    if _forkserver_stack == [env["CEMLAB_HOME"]]:
+        return
+    multiprocessing.forkserver._forkserver._stop()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"OMP_WAIT_POLICY": "PASSIVE", **env}.items():
+            mp.setenv(name, value)
+        _COMMANDS.set_forkserver_preload(COMMAND_IMPORTS)
+        multiprocessing.forkserver.ensure_running()
+    _forkserver_stack[:] = [env["CEMLAB_HOME"]]
+
+
+def _command(args: tuple[str, ...], env: dict, out: str, err: str) -> None:
+    """In the forked process: what ``python -m orchestrator ARGS`` does in the repository with
+    ``env``, its standard output and error (file descriptors 1 and 2) in the files ``out`` and
+    ``err``, and its exit handlers run at the end, as at an interpreter's exit."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(ROOT)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    sys.argv = ["python -m orchestrator", *args]
+    try:
+        runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(code)
+
+
 def orchestrators(env: dict, *commands: tuple[str, ...],
                   timeout: int = 900) -> list[subprocess.CompletedProcess]:
     """``orchestrator`` of each of ``commands``, all at once (commands that need nothing of each
-    other): a short command is mostly its interpreter's start and imports, which overlap.
-    Several at once share the cores, so their OpenMP threads wait passively unless ``env``
-    says otherwise (spinning, the grid test's eight models commands took 55 s, 28 s passive)."""
-    shared = {"OMP_WAIT_POLICY": "PASSIVE"} if len(commands) > 1 else {}
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=ROOT,
-                              env={**shared, **env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for args in commands]
-    deadline = time.monotonic() + timeout
-    done = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    other), each in a process of its own forked from the stack's forkserver (``COMMAND_IMPORTS``,
+    ``_forkserver_for``)."""
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]}
+    _forkserver_for(env)
+    with tempfile.TemporaryDirectory() as outputs:
+        procs = []
+        for i, args in enumerate(commands):
+            files = [os.path.join(outputs, f"{i}.{name}") for name in ("out", "err")]
+            proc = _COMMANDS.Process(target=_command, args=(args, env, *files))
+            proc.start()
+            procs.append((proc, args, files))
+        deadline = time.monotonic() + timeout
+        done = []
+        for proc, args, files in procs:
+            proc.join(max(1.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                for p, _, _ in procs:
+                    p.kill()
+                raise subprocess.TimeoutExpired(["orchestrator", *args], timeout)
+            out, err = (Path(f).read_text(errors="replace") for f in files)
+            done.append(subprocess.CompletedProcess(["orchestrator", *args], proc.exitcode,
+                                                    out, err))
     return done
 
 
