@@ -3,8 +3,9 @@
 Starts its own Ray head (token auth) and MLflow server (basic auth) with infra/local/up.sh in a
 temporary CEMLAB_HOME; runs a 2 x 2 learning-rate grid through Ray Tune (2 Ray Train workers and
 DeepSpeed ZeRO-2 per trial), checks MLflow, the ledger, the Akima results and the registry,
-re-submits through `ray job submit`; kills a run mid-trial and resumes it; fails one trial of two
-(its worker killed, no restarts); runs the GP workload; stops the services.
+submits the same trials under another name through `ray job submit` (the trial cache copies
+them); kills a run mid-trial and resumes it; fails one trial of two (its worker killed, no
+restarts); runs the GP workload's adaptive bracket and evaluation round; stops the services.
 """
 
 import ipaddress
@@ -242,8 +243,9 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         assert version.source == f"models:/{models[best.info.run_id].model_id}"
         assert version.tags["trial_id"] == best.data.tags["cemlab.trial_id"]
         assert int(version.tags["params_total"]) == int(best.data.metrics["params_total"])
-    job = subprocess.Popen(  # the same spec again, through the job server: checked below
-        [*SUBMIT_RUN, str(spec_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    again_path = write_spec(tmp_path, {**SPEC, "name": "e2e-again"})  # the same trials
+    job = subprocess.Popen(  # in another experiment, through the job server: checked below
+        [*SUBMIT_RUN, str(again_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     # The models commands, at once: each reads the registry; the two evaluations each store a
     # tag of their own on the version.
@@ -303,13 +305,25 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
     assert difference < 1e-4
     assert refused.returncode == 2 and "only Llama baselines" in refused.stderr
 
-    # The same spec through the job server (submitted with the models commands): every trial
-    # is finished, nothing trains again.
+    # The same trials in another experiment, through the job server (submitted with the models
+    # commands): each is copied from the ledger through the trial cache, none trains again,
+    # and each model stays registered once.
     out, err = job.communicate(timeout=600)
     assert job.returncode == 0, out[-3000:] + err[-3000:]
-    assert out.count("finished, skipped") == 4 and "Ray Tune" not in out
+    assert out.count("cached, trained in experiment 'e2e'") == 4 and "Ray Tune" not in out
+    copies = ledger.trials(ledger.experiment("e2e-again").id)
+    sources = {r.id: r for r in rows}
+    assert len(copies) == 4 and {r.status for r in copies} == {Status.FINISHED}
+    for copy in copies:
+        source = sources[copy.source_trial_id]
+        assert (copy.metric, copy.val_metric) == (source.metric, source.val_metric)
+        copied = client.get_run(copy.mlflow_run_id)
+        assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
+        assert copied.data.metrics["time/total_s"] == 0.0
     assert len(client.search_runs([exp.experiment_id])) == 5
     assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
+    (status,) = orchestrators(env, ("status", str(again_path)))
+    assert status.stdout.count("(cached)") == 4, status.stdout
 
 
 JOB_START_TIMES = """
@@ -666,65 +680,38 @@ def test_a_failed_trial_is_recorded_and_the_next_loses_no_metric_point_to_a_trac
 
 
 def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
+    """The GP workload's bracket that adapts, then its evaluation round, in one submission.
+    With two learning rates each tuning seed's validation optimum lies at one of them (a
+    straight line between two points), so round 1 adds the next point beyond that edge (below,
+    if either seed's optimum is at the lower one); max_points 3 ends it there. Then seeds 7 and
+    8 train at the learning rate the tuning seeds' mean validation chose."""
     home, env = services
     spec = {"name": "gp-e2e", "workload": "gp_regression",
             "gp": {"kernels": ["rbf"], "n_train": 512, "n_val": 64, "n_test": 128,
                    "steps": 150},
-            "sizes": ["gp-small"], "variants": {"t1": {"mlp_steps": 1}, "t2": {"mlp_steps": 2}},
-            "learning_rates": [0.004], "seeds": [0, 1],
+            "sizes": ["gp-small"], "variants": {"t1": {"mlp_steps": 1}},
+            "learning_rates": {"grid": [0.002, 0.004], "max_points": 3, "eval_seeds": [7, 8]},
+            "seeds": [0, 1],
             "training": {"batch_size": 64, "eval_interval": 50},
             # both CPUs to one worker: each round's trials in turn in one worker group, whose
             # start (its Tune and Train actors, its worker) costs far more than their training
             "resources": {"num_workers": 1, "cpus_per_worker": 2}}
-    proc = orchestrator(env, "run", str(write_spec(tmp_path, spec)))
+    path = write_spec(tmp_path, spec)
+    (plan,) = orchestrators(env, ("plan", str(path), "--no-calibrate"))
+    assert "up to 3 per arm: at most 2 more trial(s)" in plan.stdout, plan.stdout
+    proc = orchestrator(env, "run", str(path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "optimal rmse" in proc.stdout
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
     rows = ledger.trials(ledger.experiment("gp-e2e").id)
-    assert len(rows) == 4 and {r.status for r in rows} == {Status.FINISHED}
-    assert {r.dataset for r in rows} == {"gp-rbf"}
+    assert {r.status for r in rows} == {Status.FINISHED} and len(rows) == 8
+    assert {r.dataset for r in rows} == {"gp-rbf"} and not any(r.source_trial_id for r in rows)
     assert all(0 < r.metric < 1.0 for r in rows)  # below the prior's standard deviation
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    parent = client.search_runs([client.get_experiment_by_name("gp-e2e").experiment_id],
-                                "tags.`cemlab.role` = 'experiment'")[0]
-    for variant in ("t1", "t2"):  # one LR: each seed's optimum is its trial; std over seeds
-        rmses = [r.metric for r in rows if r.variant == variant]
-        assert parent.data.metrics[f"gp-rbf/{variant}/gp-small/opt_rmse"] == pytest.approx(
-            statistics.fmean(rmses))
-        assert parent.data.metrics[f"gp-rbf/{variant}/gp-small/opt_rmse_std"] == (
-            pytest.approx(statistics.stdev(rmses)))
-    # A second experiment: a bracket that adapts, then the evaluation round. Its (t1, 0.004)
-    # trials of seeds 0 and 1 are the first experiment's, copied through the trial cache; with
-    # two learning rates each seed's validation optimum lies at one of them (a straight line
-    # between two points), so round 1 adds the next point beyond that edge (below, if either
-    # seed's optimum is at the lower one); max_points 3 ends it there. Then seeds 7 and 8
-    # train at the learning rate the tuning seeds' mean validation chose.
-    adapts = {**spec, "name": "gp-e2e-brackets", "variants": {"t1": {"mlp_steps": 1}},
-              "learning_rates": {"grid": [0.002, 0.004], "max_points": 3,
-                                 "eval_seeds": [7, 8]}}
-    path = write_spec(tmp_path, adapts)
-    status, plan = orchestrators(env, ("status",), ("plan", str(path), "--no-calibrate"))
-    # every experiment of the ledger, the first one's counts
+    status, seeds = orchestrators(env, ("status",), ("seeds", str(path)))
+    # every experiment of the ledger, this one's counts
     (line,) = [x.split() for x in status.stdout.splitlines() if x.startswith("gp-e2e ")]
-    assert line[1:7] == ["gp_regression", "4", "0", "0", "4", "0"]
-    assert "cached: 2 of 4 trial(s) finished in the ledger already" in plan.stdout, plan.stdout
-    assert "up to 3 per arm: at most 2 more trial(s)" in plan.stdout, plan.stdout
-    proc = orchestrator(env, "run", str(path))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("cached, trained in experiment 'gp-e2e'") == 2, proc.stdout[-3000:]
-    more = ledger.trials(ledger.experiment("gp-e2e-brackets").id)
-    assert {r.status for r in more} == {Status.FINISHED} and len(more) == 8
-    for seed in (0, 1):
-        (source,) = [r for r in rows if (r.variant, r.seed) == ("t1", seed)]
-        (copy,) = [r for r in more if (r.lr, r.seed) == (0.004, seed)]
-        assert copy.source_trial_id == source.id and copy.metric == source.metric
-        copied = client.get_run(copy.mlflow_run_id)
-        assert copied.data.tags["cemlab.cached_from"] == source.mlflow_run_id
-        assert copied.data.metrics["time/total_s"] == 0.0
-    assert all(r.source_trial_id is None for r in more if r.lr != 0.004)  # trained here
-    status, seeds = orchestrators(env, ("status", str(path)), ("seeds", str(path)))
-    assert "(cached)" in status.stdout
-    tune = [r for r in more if r.seed in (0, 1)]
+    assert line[1:7] == ["gp_regression", "8", "0", "0", "8", "0"]
+    tune = [r for r in rows if r.seed in (0, 1)]
     val = {(r.lr, r.seed): r.val_metric for r in tune}
     lrs = sorted({lr for lr, _ in val})
     low = any(val[(0.002, seed)] < val[(0.004, seed)] for seed in (0, 1))
@@ -735,17 +722,27 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
     assert ("round 1: t1@gp-small (gp-rbf) has its validation optimum at an edge of 0.002, "
             f"0.004: adding {added:g} for 2 seed(s)") in proc.stdout, proc.stdout[-3000:]
     assert "round 2" not in proc.stdout  # at max_points
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     by_lr = {r.lr: r for r in tune if r.seed == 0}
     assert client.get_run(by_lr[added].mlflow_run_id).data.tags["cemlab.lr_round"] == "1"
     assert LR_ROUND_TAG not in client.get_run(by_lr[0.002].mlflow_run_id).data.tags
+    # The tuning seeds' Akima optima, each seed's own, on the parent run (rmse: the GP's metric)
+    parent = client.search_runs([client.get_experiment_by_name("gp-e2e").experiment_id],
+                                "tags.`cemlab.role` = 'experiment'")[0]
+    optima = [akima_optimum(lrs, [val[(lr, seed)] for lr in lrs]).lr for seed in (0, 1)]
+    assert parent.data.metrics["gp-rbf/t1/gp-small/opt_lr"] == pytest.approx(
+        statistics.fmean(optima))
+    assert parent.data.metrics["gp-rbf/t1/gp-small/opt_lr_std"] == pytest.approx(
+        statistics.stdev(optima))
+    assert 0 < parent.data.metrics["gp-rbf/t1/gp-small/opt_rmse"] < 1.0
     means = {lr: statistics.fmean(math.log(val[(lr, seed)]) for seed in (0, 1)) for lr in lrs}
     chosen = min(means, key=means.get)
-    evals = sorted((r.seed, r.lr) for r in more if r.seed in (7, 8))
+    evals = sorted((r.seed, r.lr) for r in rows if r.seed in (7, 8))
     assert evals == [(7, chosen), (8, chosen)]
     assert (f"evaluation round: t1@gp-small (gp-rbf) chose learning rate {chosen:g} on 2 "
             "tuning seed(s)") in proc.stdout
     assert seeds.returncode == 0, seeds.stderr[-2000:]  # the evaluation seeds' spread
-    logs = [math.log(r.metric) for r in more if r.seed in (7, 8)]
+    logs = [math.log(r.metric) for r in rows if r.seed in (7, 8)]
     assert f"{100 * statistics.stdev(logs):.2f}%" in seeds.stdout
     assert "2 evaluation" in seeds.stdout
 
