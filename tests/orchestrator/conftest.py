@@ -102,12 +102,13 @@ def _forkserver_for(env: dict) -> None:
 def _command(args: tuple[str, ...], env: dict, out: str, err: str) -> None:
     """In the forked process: what ``python -m orchestrator ARGS`` does in the repository with
     ``env``, its standard output and error (file descriptors 1 and 2) in the files ``out`` and
-    ``err``, and its exit handlers run at the end, as at an interpreter's exit."""
+    ``err`` (one file if they are the same), and its exit handlers run at the end, as at an
+    interpreter's exit."""
     os.environ.clear()
     os.environ.update(env)
     os.chdir(ROOT)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
+    os.dup2(1 if err == out else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
     sys.argv = ["python -m orchestrator", *args]
     try:
         runpy.run_module("orchestrator", run_name="__main__", alter_sys=True)
@@ -121,32 +122,64 @@ def _command(args: tuple[str, ...], env: dict, out: str, err: str) -> None:
     sys.exit(code)
 
 
+class Command:
+    """An ``orchestrator`` command started by ``start_orchestrator``, with what the tests use of
+    ``subprocess.Popen``: ``pid``, ``poll``, ``wait``, ``send_signal``, ``kill`` and
+    ``returncode`` (minus the signal's number if a signal ended it)."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str]):
+        self.process, self.args, self.pid = process, args, process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+def start_orchestrator(env: dict, *args: str, out: Path, err: Path | None = None) -> Command:
+    """``python -m orchestrator ARGS`` against the stack of ``env``, started, its standard
+    output in ``out`` and its error in ``err`` (default: ``out`` too): a process forked from the
+    stack's forkserver (``COMMAND_IMPORTS``, ``_forkserver_for``)."""
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]}
+    _forkserver_for(env)
+    process = _COMMANDS.Process(target=_command, args=(args, env, str(out), str(err or out)))
+    process.start()
+    return Command(process, ["orchestrator", *args])
+
+
 def orchestrators(env: dict, *commands: tuple[str, ...],
                   timeout: int = 900) -> list[subprocess.CompletedProcess]:
     """``orchestrator`` of each of ``commands``, all at once (commands that need nothing of each
-    other), each in a process of its own forked from the stack's forkserver (``COMMAND_IMPORTS``,
-    ``_forkserver_for``)."""
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]}
-    _forkserver_for(env)
+    other), each in a process of its own (``start_orchestrator``), their output captured."""
     with tempfile.TemporaryDirectory() as outputs:
-        procs = []
-        for i, args in enumerate(commands):
-            files = [os.path.join(outputs, f"{i}.{name}") for name in ("out", "err")]
-            proc = _COMMANDS.Process(target=_command, args=(args, env, *files))
-            proc.start()
-            procs.append((proc, args, files))
+        started = [start_orchestrator(env, *args, out=Path(outputs, f"{i}.out"),
+                                      err=Path(outputs, f"{i}.err"))
+                   for i, args in enumerate(commands)]
         deadline = time.monotonic() + timeout
-        done = []
-        for proc, args, files in procs:
-            proc.join(max(1.0, deadline - time.monotonic()))
-            if proc.exitcode is None:
-                for p, _, _ in procs:
-                    p.kill()
-                raise subprocess.TimeoutExpired(["orchestrator", *args], timeout)
-            out, err = (Path(f).read_text(errors="replace") for f in files)
-            done.append(subprocess.CompletedProcess(["orchestrator", *args], proc.exitcode,
-                                                    out, err))
-    return done
+        try:
+            codes = [command.wait(max(1.0, deadline - time.monotonic())) for command in started]
+        except subprocess.TimeoutExpired:
+            for command in started:
+                command.kill()
+            raise
+        return [subprocess.CompletedProcess(command.args, code,
+                                            *(Path(outputs, f"{i}.{name}").read_text(
+                                                errors="replace") for name in ("out", "err")))
+                for i, (command, code) in enumerate(zip(started, codes))]
 
 
 def write_spec(tmp_path: Path, spec: dict) -> Path:

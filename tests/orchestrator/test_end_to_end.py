@@ -29,7 +29,14 @@ from orchestrator.records.model_registry import download_model, model_id_of
 from orchestrator.records.tracking import CODE_TAG, COMMIT_TAG, LR_ROUND_TAG
 from orchestrator.science.analysis import akima_optimum
 from tests.conftest import RAY_CLUSTER
-from tests.orchestrator.conftest import ROOT, orchestrator, orchestrators, stack_logs, write_spec
+from tests.orchestrator.conftest import (
+    ROOT,
+    orchestrator,
+    orchestrators,
+    stack_logs,
+    start_orchestrator,
+    write_spec,
+)
 from workloads.core.architecture import CEM_BEST
 from workloads.core.pack import parse_name
 from workloads.core.provenance import code_fingerprint, git_commit
@@ -389,11 +396,9 @@ def test_a_bf16_trial_submitted_twice_trains_once_then_survives_its_killed_worke
 
     spec_path = write_spec(tmp_path, {**spec, "name": "bf16-killed"})
     log = tmp_path / "bf16-killed.log"  # a file, not a pipe that nobody reads while it runs
-    with log.open("w") as out:  # the same trial again: trained, not copied from the reference
-        first = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
-                                  str(spec_path)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                 env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"],
-                                      "CEMLAB_LEASE_S": "30"})  # lapses <= 30 s after death
+    first = start_orchestrator(  # the same trial again: trained, not copied from the reference
+        {**env, "CEMLAB_LEASE_S": "30"},  # its lease lapses <= 30 s after its death
+        "run", "--no-cache", str(spec_path), out=log)
 
     def newest_committed() -> int:  # the step of Ray Train's newest committed checkpoint
         return max((parse_name(name)[1] for name in committed_checkpoints(
@@ -486,11 +491,8 @@ def test_a_study_loses_nothing_to_killed_workers_and_goes_on_from_its_bundle_bit
                           "stack": 2}}  # of two stacks of two, in turn
     spec_path = write_spec(tmp_path, spec)
     log = tmp_path / "resumable.log"  # a file, not a pipe that nobody reads while it runs
-    with log.open("w") as out:
-        job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "--no-cache",
-                                str(spec_path)],  # trained here, not copied
-                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    job = start_orchestrator(env, "run", "--no-cache", str(spec_path),  # trained, not copied
+                             out=log)
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
     def rows() -> list:
@@ -595,10 +597,7 @@ def test_a_failed_trial_is_recorded_and_the_next_loses_no_metric_point_to_a_trac
                           "stack": 1}}  # in turn: the stack test fails a stack
     spec_path = write_spec(tmp_path, spec)
     log = tmp_path / "one-fails.log"  # a file, read while the job runs
-    with log.open("w") as out:
-        job = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(spec_path)],
-                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               env={**env, "RAY_ADDRESS": env["CEMLAB_RAY_GCS_ADDRESS"]})
+    job = start_orchestrator(env, "run", str(spec_path), out=log)
     ledger = Ledger(env["CEMLAB_LEDGER_URL"])
 
     def training() -> str | None:  # one trial at a time: the running one, past a checkpoint
