@@ -79,7 +79,7 @@ COMMAND_IMPORTS = ["orchestrator.cli", "orchestrator.execution.run",
                    "orchestrator.planning.calibrate", "workloads.lm.workload",
                    "workloads.gp.workload", "transformers"]
 _COMMANDS = multiprocessing.get_context("forkserver")
-_forkserver_stack: list[str] = []  # the CEMLAB_HOME whose environment the forkserver has
+_forkserver_home: str | None = None  # the CEMLAB_HOME whose environment the forkserver has
 
 
 def _forkserver_for(env: dict) -> None:
@@ -88,15 +88,16 @@ def _forkserver_for(env: dict) -> None:
     another stack is stopped first. Several commands at once share the cores, so their OpenMP
     threads wait passively (spinning, the grid test's eight models commands took 55 s, 28 s
     passive): ``OMP_WAIT_POLICY``, which OpenMP reads once, as torch loads it."""
-    if _forkserver_stack == [env["CEMLAB_HOME"]]:
+    global _forkserver_home
+    if _forkserver_home == env["CEMLAB_HOME"]:
         return
-    multiprocessing.forkserver._forkserver._stop()
+    multiprocessing.forkserver._forkserver._stop()  # the stdlib's own (private) stop
     with pytest.MonkeyPatch.context() as mp:
         for name, value in {"OMP_WAIT_POLICY": "PASSIVE", **env}.items():
             mp.setenv(name, value)
         _COMMANDS.set_forkserver_preload(COMMAND_IMPORTS)
         multiprocessing.forkserver.ensure_running()
-    _forkserver_stack[:] = [env["CEMLAB_HOME"]]
+    _forkserver_home = env["CEMLAB_HOME"]
 
 
 def _command(args: tuple[str, ...], env: dict, out: str, err: str) -> None:

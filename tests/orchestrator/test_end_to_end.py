@@ -696,7 +696,7 @@ def test_gp_regression_runs_through_the_same_orchestrator(services, tmp_path):
             # start (its Tune and Train actors, its worker) costs far more than their training
             "resources": {"num_workers": 1, "cpus_per_worker": 2}}
     path = write_spec(tmp_path, spec)
-    (plan,) = orchestrators(env, ("plan", str(path), "--no-calibrate"))
+    plan = orchestrator(env, "plan", str(path), "--no-calibrate")
     assert "up to 3 per arm: at most 2 more trial(s)" in plan.stdout, plan.stdout
     proc = orchestrator(env, "run", str(path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
