@@ -17,6 +17,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -151,6 +152,23 @@ def use_interpreter_tools() -> None:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
+def import_deepspeed() -> ModuleType:
+    """``import deepspeed``, in a process that has not imported MLflow, without the MLflow import
+    its autotuner makes whenever MLflow is installed: 1.2-1.5 of the 1.4-1.7 core-seconds the
+    import takes next to torch and Ray Train, in every process that trains with DeepSpeed but
+    logs nothing (a Ray Train worker of rank > 0, ``cemlab train --engine deepspeed``). No trial
+    runs DeepSpeed's autotuner; a process that logs imports MLflow itself, before or after."""
+    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
+        import deepspeed
+        return deepspeed
+    sys.modules["mlflow"] = None  # its `import mlflow` raises ImportError meanwhile
+    try:
+        import deepspeed
+    finally:
+        del sys.modules["mlflow"]
+    return deepspeed
+
+
 def build_cpu_comm_op() -> Any:
     """Build DeepSpeed's CPU shared-memory comm op into torch's extension cache (or load it from
     there), as the first DeepSpeed trial on a CPU machine otherwise does inside its startup
@@ -160,6 +178,7 @@ def build_cpu_comm_op() -> Any:
     """
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     use_interpreter_tools()
+    import_deepspeed()
     from deepspeed.comm.torch import build_shm_op
 
     return build_shm_op()
@@ -173,6 +192,7 @@ def load_weights_only(path: str, map_location: Any = None) -> Any:
     Raises:
         pickle.UnpicklingError: the file holds anything else (it is not loaded).
     """
+    import_deepspeed()
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
@@ -204,8 +224,7 @@ class DeepSpeedEngine(Engine):
                  engine: EngineConfig, precision: str, grad_clip: float, micro_batch_size: int,
                  grad_accum: int, world_size: int) -> None:
         use_interpreter_tools()
-        import deepspeed
-
+        deepspeed = import_deepspeed()
         self.engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(micro_batch_size, grad_accum, world_size, engine.zero_stage,

@@ -101,13 +101,17 @@ def test_the_train_command_runs_a_trial_through_deepspeed(tmp_path):
 def test_the_cpu_comm_op_is_built_into_the_extension_cache_before_any_trial():
     """What ``make setup`` runs: the op a CPU trial's DeepSpeed loads, built (or found) as a
     shared library, so that the first trial does not build it inside its startup; in this
-    environment's own extension cache, which another checkout's environment does not rebuild."""
-    code = ("from workloads.runtime.engine import build_cpu_comm_op; op = build_cpu_comm_op(); "
-            "print('OP', op.__file__, hasattr(op, 'initialize'))")
+    environment's own extension cache, which another checkout's environment does not rebuild.
+    DeepSpeed came in without MLflow (its autotuner's import), which still imports after it."""
+    code = ("import sys; from workloads.runtime.engine import build_cpu_comm_op; "
+            "op = build_cpu_comm_op(); mlflow_in = 'mlflow' in sys.modules; import mlflow; "
+            "print('OP', op.__file__, hasattr(op, 'initialize'), mlflow_in, "
+            "hasattr(mlflow, 'MlflowClient'))")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True, env=env).stdout
-    path, has_initialize = out.split("OP ", 1)[1].split()
+    path, has_initialize, mlflow_with_deepspeed, mlflow_after = out.split("OP ", 1)[1].split()
     assert Path(path).is_file() and path.endswith(".so") and "shm_comm" in Path(path).name
     assert has_initialize == "True"
     assert Path(path).is_relative_to(Path(sys.prefix) / "torch_extensions")
+    assert (mlflow_with_deepspeed, mlflow_after) == ("False", "True")
