@@ -42,7 +42,6 @@ from ray.train import (
     TrainingFailedError,
 )
 from ray.train.torch import TorchTrainer
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from orchestrator.execution.packs import TRIALS_DIR, Pack, Task, packs
 from orchestrator.execution.settle import SettleTrials, ledger_for, record_task
@@ -97,7 +96,10 @@ def _trainer(pack: Pack, settle: SettleTrials) -> TorchTrainer:
                                  checkpoint_score_attribute=pack_protocol.KEEP,
                                  checkpoint_score_order="max"),
                              failure_config=FailureConfig(max_failures=r.max_failures),
-                             callbacks=[settle, TuneReportCallback()]))
+                             # SettleTrials records each trial in the ledger and MLflow; Ray's
+                             # TuneReportCallback is left out: a queue actor (a process) per
+                             # pack, for metrics that nothing reads from Tune
+                             callbacks=[settle]))
 
 
 def fit(pack: Pack, settle: SettleTrials) -> ray.train.Result:
