@@ -329,7 +329,7 @@ def test_grid_trains_tracks_analyses_and_registers(services, tmp_path):
         assert copied.data.metrics["time/total_s"] == 0.0
     assert len(client.search_runs([exp.experiment_id])) == 5
     assert len(client.search_model_versions("name = 'cemlab-cem-nano'")) == 1
-    (status,) = orchestrators(env, ("status", str(again_path)))
+    status = orchestrator(env, "status", str(again_path))
     assert status.stdout.count("(cached)") == 4, status.stdout
 
 
